@@ -1,0 +1,14 @@
+"""leapdecode: faster generation for Hugging Face language models, lossless where it promises to be."""
+from .api import GenerationResult, generate
+from .errors import LeapDecodeError
+
+__version__ = "0.1.0"
+__all__ = ["generate", "GenerationResult", "LeapDecodeError", "load_model", "__version__"]
+
+
+def __getattr__(name):
+    if name == "load_model":
+        from .models import load_model
+
+        return load_model
+    raise AttributeError(name)

@@ -1,0 +1,133 @@
+"""The public Python API: `generate`, mirroring the names of HF `model.generate`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .controller import DraftLengthController
+from .decode import decode
+from .drafters import Drafter, make_drafter
+from .errors import LeapDecodeError, require
+from .runner import Runner
+from .sampling import SamplingConfig
+from .stats import GenerationStats
+
+Messages = Sequence[dict]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]      # the new tokens only
+    prompt_ids: list[int]
+    stats: GenerationStats
+    model: str
+    drafter: str
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "model": self.model, "drafter": self.drafter,
+                **self.stats.as_dict()}
+
+
+def resolve_model(model, tokenizer=None, dtype="float32"):
+    """Accept a spec string, a LoadedModel, or an HF model with its tokenizer; return a LoadedModel."""
+    from .models import LoadedModel, load_model
+
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, str):
+        return load_model(model, dtype=dtype)
+    if isinstance(model, torch.nn.Module):
+        require(tokenizer is not None, "an already loaded model needs its tokenizer: generate(model, prompt, tokenizer=tok)")
+        name = getattr(model.config, "name_or_path", "") or type(model).__name__
+        return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, path=name)
+    raise LeapDecodeError(f"model must be a name, a path, a LoadedModel or an HF model, got {type(model).__name__}")
+
+
+def encode_prompt(tokenizer, prompt: str | Messages, raw: bool = False) -> list[int]:
+    """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is."""
+    if isinstance(prompt, str):
+        require(prompt.strip() != "", "the prompt is empty")
+        if raw or not getattr(tokenizer, "chat_template", None):
+            return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        prompt = [{"role": "user", "content": prompt}]
+    require(len(prompt) > 0, "the prompt is empty")
+    require(getattr(tokenizer, "chat_template", None) is not None,
+            "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead")
+    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def eos_token_ids(loaded) -> set[int]:
+    ids = loaded.model.generation_config.eos_token_id if loaded.model.generation_config is not None else None
+    ids = set([ids] if isinstance(ids, int) else ids or [])
+    if loaded.tokenizer.eos_token_id is not None:
+        ids.add(loaded.tokenizer.eos_token_id)
+    return ids
+
+
+def same_tokenizer(a, b) -> bool:
+    return a is b or a.get_vocab() == b.get_vocab()
+
+
+def build_drafter(drafter: str | Drafter, target, draft_model=None, dtype="float32", **options) -> Drafter:
+    """A Drafter instance from its name; loads and checks the draft model for 'draft-model'."""
+    if isinstance(drafter, Drafter):
+        return drafter
+    if drafter == "draft-model" and draft_model is not None:
+        draft = resolve_model(draft_model, tokenizer=target.tokenizer, dtype=dtype)
+        if not same_tokenizer(draft.tokenizer, target.tokenizer):
+            raise LeapDecodeError(
+                f"draft model '{draft.name}' uses a different tokenizer from '{target.name}': "
+                "speculative decoding needs the same vocabulary")
+        return make_drafter(drafter, draft_model=draft.model, **options)
+    if drafter == "ngram":
+        options.setdefault("store_key", target.name)
+    return make_drafter(drafter, **options)
+
+
+def generate(
+    model,
+    prompt: str | Messages,
+    *,
+    tokenizer=None,
+    drafter: str | Drafter = "none",
+    draft_model=None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    raw: bool = False,
+    dtype: str = "float32",
+    draft_length: int = 4,
+    max_draft_length: int = 16,
+    adaptive_draft_length: bool = True,
+    kv_press=None,
+    drafter_options: dict | None = None,
+    stream: Callable[[list[int]], None] | None = None,
+) -> GenerationResult:
+    """Generate a continuation of `prompt` (a string or chat messages) with speculative decoding.
+
+    Greedy (temperature 0) output is token for token that of plain greedy decoding; with temperature > 0 the output
+    follows the same distribution as plain sampling. `stream` receives each step's new token ids.
+    """
+    require(isinstance(max_new_tokens, int) and max_new_tokens > 0, f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    controller = DraftLengthController(k_init=min(draft_length, max_draft_length), k_max=max_draft_length,
+                                       adaptive=adaptive_draft_length)
+    target = resolve_model(model, tokenizer, dtype)
+    prompt_ids = encode_prompt(target.tokenizer, prompt, raw)
+    context = target.context_length
+    require(len(prompt_ids) < context,
+            f"the prompt has {len(prompt_ids)} tokens but {target.name} has a context of {context} tokens")
+    chosen = build_drafter(drafter, target, draft_model, dtype, **(drafter_options or {}))
+    runner = Runner(target.model, press=kv_press)
+    tokens, stats = decode(runner, prompt_ids, chosen, sampling=sampling, controller=controller,
+                           max_new_tokens=max_new_tokens, eos_ids=eos_token_ids(target), context_length=context,
+                           on_tokens=stream)
+    text = target.tokenizer.decode(tokens, skip_special_tokens=True)
+    return GenerationResult(text=text, token_ids=tokens, prompt_ids=prompt_ids, stats=stats, model=target.name,
+                            drafter=chosen.name)

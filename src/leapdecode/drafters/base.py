@@ -1,0 +1,38 @@
+"""The one interface every drafter implements."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingConfig
+
+
+@dataclass
+class Draft:
+    """Proposed continuation. `probs` [len(tokens), V] is the drafter's distribution q when it sampled its tokens;
+    None means the tokens were chosen deterministically (q is one-hot)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+
+EMPTY = Draft([])
+
+
+class Drafter:
+    """propose(context, k) guesses up to k next tokens; observe(context, n_new) learns from the accepted ones.
+
+    `context` is the whole sequence so far (prompt + generated), as a list of token ids.
+    """
+
+    name = "base"
+
+    def start(self, prompt_ids: list[int], sampling: SamplingConfig) -> None:
+        """Called once per request, before decoding starts."""
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        raise NotImplementedError
+
+    def observe(self, context: list[int], n_new: int) -> None:
+        """Called after every step; the last n_new tokens of context are new (accepted + the target's token)."""

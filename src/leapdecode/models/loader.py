@@ -1,0 +1,295 @@
+"""Resolve a model spec (packaged name, HF directory, .gguf file, cached hub id) to a loaded model + tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from ..errors import LeapDecodeError
+from .fetch import Phases, fetch_gguf
+from .registry import PACKAGED, build_cached, cache_dir, read_manifest
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+GGUF_CACHE_MAX_BYTES = 2 << 30  # local .gguf files up to this size get their fp32 conversion cached
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode on CPU with its tokenizer; ``name`` is the short name or the spec given."""
+
+    model: "transformers.PreTrainedModel"  # noqa: F821
+    tokenizer: "transformers.PreTrainedTokenizerBase"  # noqa: F821
+    name: str
+    path: str
+
+    @property
+    def context_length(self) -> int:
+        """The model's maximum context (``config.max_position_embeddings``)."""
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every token id that ends generation (the generation config's eos ids)."""
+        eos = self.model.generation_config.eos_token_id
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map 'float32'|'bfloat16'|'float16' (or fp32/bf16/fp16, or one of those torch dtypes) to a torch dtype."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.lower().removeprefix("torch.")]
+    raise LeapDecodeError(f"unsupported dtype {dtype!r}: use float32, bfloat16 or float16")
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence transformers' progress bars and info/warning logs while loading."""
+    from transformers.utils import logging as tlog
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils  # uses a bare tqdm bar
+    except Exception:
+        gguf_utils = None
+    level, bars, bar = tlog.get_verbosity(), tlog.is_progress_bar_enabled(), getattr(gguf_utils, "tqdm", None)
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+    if bar is not None:
+        gguf_utils.tqdm = lambda it=None, *a, **k: it
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(level)
+        if bars:
+            tlog.enable_progress_bar()
+        if bar is not None:
+            gguf_utils.tqdm = bar
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+# ---------------------------------------------------------------- GGUF
+
+
+def check_gguf(path: pathlib.Path) -> None:
+    """Raise LeapDecodeError unless ``path`` is a readable file starting with the GGUF magic."""
+    if not path.exists():
+        raise LeapDecodeError(f"GGUF file not found: {path}")
+    if not path.is_file():
+        raise LeapDecodeError(f"not a file: {path}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise LeapDecodeError(f"cannot read {path}: {e.strerror or e}") from None
+    if magic != b"GGUF":
+        raise LeapDecodeError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+
+
+def gguf_chat_template(path: pathlib.Path) -> str | None:
+    """The ``tokenizer.chat_template`` string from a GGUF file's metadata, if any."""
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+        return None if field is None else bytes(field.parts[field.data[0]]).decode("utf-8")
+    except Exception:  # metadata is best effort: transformers already read the file
+        return None
+
+
+def fix_special_tokens(model, tokenizer, chat_template: Callable[[], str | None] | None = None) -> None:
+    """Ensure a chat template (from ``chat_template()`` if missing), a pad token, eos ids that include the
+    template's end-of-turn token, and a tokenizer max length equal to the model's context."""
+    if not tokenizer.chat_template and chat_template is not None:
+        tokenizer.chat_template = chat_template() or None
+    context = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(context, int) and tokenizer.model_max_length > 10 * context:
+        tokenizer.model_max_length = context
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    markers = [m for m in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>") if m in template]
+    if "<|im_end|>" in markers:  # ChatML (Qwen): HF also stops on <|endoftext|> unless it is the unk token
+        markers.append("<|endoftext|>")
+    for marker in markers:
+        tid = tokenizer.convert_tokens_to_ids(marker)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid not in eos:
+            eos.append(tid)
+    gen = model.generation_config
+    if eos:
+        gen.eos_token_id = eos[0] if len(eos) == 1 else eos
+    if tokenizer.pad_token_id is not None:
+        gen.pad_token_id = tokenizer.pad_token_id
+        model.config.pad_token_id = tokenizer.pad_token_id
+    if tokenizer.bos_token_id is not None and gen.bos_token_id is None:
+        gen.bos_token_id = tokenizer.bos_token_id
+
+
+def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path) -> None:
+    """Dequantize a GGUF file to fp32 and save model (safetensors) + tokenizer into ``out_dir``."""
+    model, tokenizer = _from_pretrained(str(gguf_path.parent), torch.float32, gguf_file=gguf_path.name)
+    fix_special_tokens(model, tokenizer, lambda: gguf_chat_template(gguf_path))
+    _strip_gguf_quantizer(model)
+    with _quiet():
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+    del model
+
+
+def _strip_gguf_quantizer(model) -> None:
+    """GGUF weights are already dequantized; drop the quantizer so the model can be saved."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    if hasattr(model, "is_quantized"):
+        try:
+            model.is_quantized = False
+        except AttributeError:
+            pass
+
+
+def pull_model(name: str, progress: bool = True) -> pathlib.Path:
+    """Fetch, join, verify and convert packaged model ``name`` into the cache (once); return its cache dir."""
+    spec = PACKAGED.get(name)
+    if spec is None:
+        raise LeapDecodeError(f"unknown packaged model '{name}': choose one of {', '.join(PACKAGED)}")
+    target = cache_dir() / name
+    if read_manifest(target) is not None:
+        return target
+    phases = Phases(progress)
+
+    def build(work: pathlib.Path) -> dict:
+        phases.note(f"[bold]pulling {name}[/] ({spec.bytes / 1e6:,.0f} MB) into {target}")
+        gguf_path = fetch_gguf(spec, work, phases)
+        with phases.phase("convert", "GGUF → fp32 safetensors"):
+            try:
+                convert_gguf(gguf_path, work / "model")
+            except (Exception, MemoryError) as e:
+                raise LeapDecodeError(f"cannot convert model '{name}' from GGUF: {_first_line(e)}") from None
+            gguf_path.unlink()
+        return {"name": name, "packages": [f"{d}=={v}" for d, v, _ in spec.parts], "gguf": spec.gguf_name,
+                "bytes": spec.bytes, "sha256": spec.sha256}
+
+    try:
+        return build_cached(target, build)
+    except OSError as e:
+        raise LeapDecodeError(f"cannot write model cache {target}: {e.strerror or e}") from None
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, **kw):
+    """(model, tokenizer) via the Auto classes, quietly; the caller wraps errors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet():
+        tokenizer = AutoTokenizer.from_pretrained(source, **kw)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
+    return model, tokenizer
+
+
+def _finish(model, tokenizer, name: str, path: pathlib.Path | str, dtype: torch.dtype) -> LoadedModel:
+    if model.dtype != dtype:
+        model = model.to(dtype)
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=str(path))
+
+
+def _load_dir(directory: pathlib.Path, name: str, dtype: torch.dtype) -> LoadedModel:
+    try:
+        model, tokenizer = _from_pretrained(str(directory), dtype, local_files_only=True)
+    except Exception as e:
+        raise LeapDecodeError(f"cannot load model from {directory}: {_first_line(e)}") from None
+    fix_special_tokens(model, tokenizer)
+    return _finish(model, tokenizer, name, directory, dtype)
+
+
+def _load_gguf(path: pathlib.Path, spec: str, dtype: torch.dtype) -> LoadedModel:
+    check_gguf(path)
+    st = path.stat()
+    if st.st_size <= GGUF_CACHE_MAX_BYTES:
+        key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+        target = cache_dir() / "gguf" / f"{path.stem}-{key}"
+
+        def build(work: pathlib.Path) -> dict:
+            with Phases(True).phase("convert", f"{path.name} → fp32 safetensors in {target} (once)"):
+                try:
+                    convert_gguf(path.resolve(), work / "model")
+                except Exception as e:
+                    raise LeapDecodeError(f"cannot load GGUF file {path}: {_first_line(e)}") from None
+            return {"name": spec, "gguf": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+        try:
+            return _load_dir(build_cached(target, build), spec, dtype)
+        except OSError as e:
+            raise LeapDecodeError(f"cannot write model cache {target}: {e.strerror or e}") from None
+    try:
+        model, tokenizer = _from_pretrained(str(path.resolve().parent), dtype, gguf_file=path.name)
+    except Exception as e:
+        raise LeapDecodeError(f"cannot load GGUF file {path}: {_first_line(e)}") from None
+    fix_special_tokens(model, tokenizer, lambda: gguf_chat_template(path))
+    _strip_gguf_quantizer(model)
+    return _finish(model, tokenizer, spec, path, dtype)
+
+
+def _load_hub(spec: str, dtype: torch.dtype) -> LoadedModel | None:
+    """Load a hub id from the local HF cache only (never the network); None if it is not cached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        config = try_to_load_from_cache(spec, "config.json")
+    except Exception:  # malformed repo id
+        return None
+    if not isinstance(config, str):
+        return None
+    try:
+        model, tokenizer = _from_pretrained(spec, dtype, local_files_only=True)
+    except Exception as e:
+        raise LeapDecodeError(f"cannot load '{spec}' from the local Hugging Face cache: {_first_line(e)}") from None
+    fix_special_tokens(model, tokenizer)
+    return _finish(model, tokenizer, spec, pathlib.Path(config).parent, dtype)
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~", "\\")) or spec.count("/") > 1 or os.sep != "/" and os.sep in spec
+
+
+def load_model(spec: str, dtype: str | torch.dtype = "float32") -> LoadedModel:
+    """Load ``spec``: a packaged name (pulled on first use), an HF directory, a .gguf file, or a cached hub id."""
+    torch_dtype = parse_dtype(dtype)
+    spec = str(spec)
+    if spec.lower() in PACKAGED:
+        return _load_dir(pull_model(spec.lower()), spec.lower(), torch_dtype)
+    path = pathlib.Path(spec).expanduser()
+    if spec.lower().endswith(".gguf"):
+        return _load_gguf(path, spec, torch_dtype)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return _load_dir(path.resolve(), spec, torch_dtype)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _load_gguf(ggufs[0], spec, torch_dtype)
+        raise LeapDecodeError(f"directory {path} has no config.json (not a Hugging Face model directory)"
+                              + (f" and {len(ggufs)} .gguf files: name one" if ggufs else ""))
+    if path.exists():
+        raise LeapDecodeError(f"{path} is a file but not a .gguf file; give a model directory or a .gguf file")
+    if _looks_like_path(spec):
+        raise LeapDecodeError(f"no such model directory or file: {spec}")
+    loaded = _load_hub(spec, torch_dtype)
+    if loaded is None:
+        raise LeapDecodeError(f"unknown model '{spec}': not a packaged name ({', '.join(PACKAGED)}), "
+                              "a local directory, a .gguf file, or a hub id in the local HF cache")
+    return loaded

@@ -1,0 +1,49 @@
+"""Sampling settings and the target distribution they induce (temperature, top-k, top-p), as HF applies them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import require
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 means greedy decoding; otherwise sample from softmax(logits / T) restricted by top-k and top-p."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        require(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self, stream: int = 0) -> torch.Generator:
+        """A fresh generator for this request; distinct `stream`s (target, drafter) draw independent numbers."""
+        gen = torch.Generator()
+        gen.manual_seed((self.seed if self.seed is not None else torch.seed()) * 1_000_003 + stream)
+        return gen
+
+
+def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Rows of `logits` [n, V] → the distribution sampling draws from (fp32), after temperature, top-k, top-p."""
+    logits = logits.float() / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # drop a token when the mass before it already reaches top_p (the first token is always kept)
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= cfg.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
