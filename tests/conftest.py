@@ -36,6 +36,13 @@ def noisy_copy(model: torch.nn.Module, seed: int, noise: float) -> torch.nn.Modu
     return draft.eval()
 
 
-@pytest.fixture(scope="session")
-def tiny_models():
-    return {arch: tiny_model(arch, seed=i) for i, arch in enumerate(["llama", "qwen2"])}
+@pytest.fixture(autouse=True)
+def one_thread_for_tiny_models(request):
+    """Tiny matrices run fastest on one thread; tests of real models (marked slow) keep all cores."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

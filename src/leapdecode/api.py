@@ -60,14 +60,6 @@ def encode_prompt(tokenizer, prompt: str | Messages, raw: bool = False) -> list[
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def eos_token_ids(loaded) -> set[int]:
-    ids = loaded.model.generation_config.eos_token_id if loaded.model.generation_config is not None else None
-    ids = set([ids] if isinstance(ids, int) else ids or [])
-    if loaded.tokenizer.eos_token_id is not None:
-        ids.add(loaded.tokenizer.eos_token_id)
-    return ids
-
-
 def same_tokenizer(a, b) -> bool:
     return a is b or a.get_vocab() == b.get_vocab()
 
@@ -126,7 +118,7 @@ def generate(
     chosen = build_drafter(drafter, target, draft_model, dtype, **(drafter_options or {}))
     runner = Runner(target.model, press=kv_press)
     tokens, stats = decode(runner, prompt_ids, chosen, sampling=sampling, controller=controller,
-                           max_new_tokens=max_new_tokens, eos_ids=eos_token_ids(target), context_length=context,
+                           max_new_tokens=max_new_tokens, eos_ids=set(target.eos_token_ids), context_length=context,
                            on_tokens=stream)
     text = target.tokenizer.decode(tokens, skip_special_tokens=True)
     return GenerationResult(text=text, token_ids=tokens, prompt_ids=prompt_ids, stats=stats, model=target.name,

@@ -36,9 +36,13 @@ class LoadedModel:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        """Every token id that ends generation (the generation config's eos ids)."""
-        eos = self.model.generation_config.eos_token_id
-        return tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        """Every token id that ends generation: the generation config's eos ids, then the tokenizer's."""
+        config = getattr(self.model, "generation_config", None)
+        eos = config.eos_token_id if config is not None else None
+        ids = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [int(eos)])
+        if getattr(self.tokenizer, "eos_token_id", None) is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return tuple(ids)
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
