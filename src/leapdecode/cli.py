@@ -1,0 +1,156 @@
+"""`leapdecode` command line: generate, models, bench, bench-kv, dllm."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import LeapDecodeError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail at once instead of retrying for ~50 s
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def add_generate(sub) -> None:
+    from .drafters import DRAFTERS
+
+    p = sub.add_parser("generate", help="generate text with speculative decoding")
+    p.add_argument("prompt", help="the user message (chat template applied unless --raw); '-' reads standard input")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="packaged name, local HF directory, .gguf file or cached hub id")
+    p.add_argument("--drafter", default="prompt-lookup", choices=DRAFTERS)
+    p.add_argument("--draft-model", help="the draft model for --drafter draft-model (same tokenizer as --model)")
+    p.add_argument("--max-new-tokens", type=_int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless against plain greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=_int, default=0)
+    p.add_argument("--seed", type=_int)
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--draft-length", type=_int, default=4, help="initial draft length k")
+    p.add_argument("--max-draft-length", type=_int, default=16)
+    p.add_argument("--fixed-draft-length", action="store_true", help="keep k fixed instead of adapting it online")
+    p.add_argument("--kv-press", help="compress the prompt's KV cache: " + _press_names())
+    p.add_argument("--kv-budget", type=float, default=1.0, help="fraction of the prompt's KV entries to keep (0, 1]")
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.set_defaults(run=run_generate)
+
+
+def _press_names() -> str:
+    try:
+        from .kv import KV_PRESSES
+    except ImportError:
+        return "(none available)"
+    return ", ".join(KV_PRESSES)
+
+
+def run_generate(args) -> int:
+    from transformers import TextStreamer
+
+    from .api import generate, resolve_model
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    target = resolve_model(args.model, dtype=args.dtype)
+    press = None
+    if args.kv_press:
+        from .kv import make_press
+
+        press = make_press(args.kv_press, budget=args.kv_budget)
+    streamer = None if args.json else TextStreamer(target.tokenizer, skip_special_tokens=True)
+    result = generate(
+        target, prompt, drafter=args.drafter, draft_model=args.draft_model, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, raw=args.raw,
+        dtype=args.dtype, draft_length=args.draft_length, max_draft_length=args.max_draft_length,
+        adaptive_draft_length=not args.fixed_draft_length, kv_press=press,
+        stream=None if streamer is None else lambda ids: streamer.put(_tensor(ids)),
+    )
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    streamer.end()
+    s = result.stats
+    print(f"[{result.model} · {result.drafter}] {s.new_tokens} tokens in {s.total_time:.2f} s = "
+          f"{s.tokens_per_second:.1f} tok/s · {s.forward_passes} forward passes · "
+          f"{s.mean_accepted_tokens:.2f} tokens/forward · first token {s.time_to_first_token * 1000:.0f} ms",
+          file=sys.stderr)
+    return 0
+
+
+def _tensor(ids):
+    import torch
+
+    return torch.tensor(ids)
+
+
+def add_models(sub) -> None:
+    p = sub.add_parser("models", help="list or pull the packaged models")
+    msub = p.add_subparsers(dest="models_command", required=True)
+    msub.add_parser("list", help="packaged models and whether they are cached").set_defaults(run=run_models_list)
+    pull = msub.add_parser("pull", help="download, verify and convert a packaged model into the cache")
+    pull.add_argument("name")
+    pull.set_defaults(run=run_models_pull)
+
+
+def run_models_list(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .models import cache_dir, list_models
+
+    table = Table(title=f"packaged models (cache: {cache_dir()})")
+    for column in ("name", "packages", "GGUF bytes", "cached"):
+        table.add_column(column)
+    for m in list_models():
+        table.add_row(m["name"], m["packages"], f"{m['bytes']:,}", "yes" if m["cached"] else "no")
+    Console().print(table)
+    return 0
+
+
+def run_models_pull(args) -> int:
+    from .models import pull_model
+
+    print(pull_model(args.name))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="leapdecode", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"leapdecode {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_generate(sub)
+    add_models(sub)
+    for module in ("bench", "kv", "diffusion"):  # TODO(lead): import directly once all three land
+        try:
+            importlib.import_module(f".{module}.cli", __package__).register(sub)
+        except ModuleNotFoundError:
+            pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except LeapDecodeError as error:
+        print(f"leapdecode: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("leapdecode: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

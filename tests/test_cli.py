@@ -1,0 +1,107 @@
+"""The CLI: JSON output, and one clear error line (exit 2, no traceback) for every kind of bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from leapdecode.cli import main
+from tiny_hf import WORDS, make_tiny_hf_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return str(make_tiny_hf_dir(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_dir(tmp_path_factory):
+    words = WORDS[:4] + [f"x{i}" for i in range(64)]
+    return str(make_tiny_hf_dir(tmp_path_factory.mktemp("other"), words=words, seed=1))
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse errors
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_json(capsys, tiny_dir):
+    code, out, _ = run_cli(capsys, "generate", "hello world w1 w2 w1 w2", "--model", tiny_dir, "--json",
+                           "--max-new-tokens", "12", "--drafter", "prompt-lookup")
+    assert code == 0
+    result = json.loads(out)
+    for key in ("text", "token_ids", "new_tokens", "forward_passes", "mean_accepted_tokens", "tokens_per_second",
+                "model", "drafter"):
+        assert key in result
+    assert result["drafter"] == "prompt-lookup"
+    assert 1 <= result["new_tokens"] == len(result["token_ids"]) <= 12
+
+
+def test_generate_streams_text(capsys, tiny_dir):
+    code, out, err = run_cli(capsys, "generate", "hello world", "--model", tiny_dir, "--max-new-tokens", "5",
+                             "--drafter", "ngram")
+    assert code == 0
+    assert "tok/s" in err and "forward passes" in err
+
+
+def test_draft_model_with_same_tokenizer_runs(capsys, tiny_dir):
+    code, out, _ = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--drafter", "draft-model",
+                           "--draft-model", tiny_dir, "--json", "--max-new-tokens", "8")
+    assert code == 0 and json.loads(out)["drafter"] == "draft-model"
+
+
+BAD_INPUTS = {
+    "unknown model": (["--model", "no-such-model-xyz"], "unknown model"),
+    "missing gguf": (["--model", "/nonexistent/dir/model.gguf"], "not found"),
+    "empty prompt": (["--prompt-override", "   "], "empty"),
+    "prompt too long": (["--prompt-override", " ".join(["w1"] * 80)], "context"),
+    "max_new_tokens 0": (["--max-new-tokens", "0"], "max_new_tokens"),
+    "max_new_tokens negative": (["--max-new-tokens", "-3"], "max_new_tokens"),
+    "negative temperature": (["--temperature", "-0.5"], "temperature"),
+    "top_p zero": (["--temperature", "1", "--top-p", "0"], "top_p"),
+    "top_p above one": (["--temperature", "1", "--top-p", "1.5"], "top_p"),
+    "draft-model without a draft model": (["--drafter", "draft-model"], "draft model"),
+    "bad dtype": (["--dtype", "int3"], "dtype"),
+    "bad draft length": (["--draft-length", "0"], "draft length"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gets_one_line(capsys, tiny_dir, case):
+    extra, needle = BAD_INPUTS[case]
+    prompt = "hello world"
+    if extra[0] == "--prompt-override":
+        prompt, extra = extra[1], extra[2:]
+    if "--model" not in extra:
+        extra = ["--model", tiny_dir] + extra
+    code, _, err = run_cli(capsys, "generate", prompt, *extra)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("leapdecode: error:"), err
+    assert needle in lines[0].lower()
+
+
+def test_corrupt_gguf(capsys, tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"this is not a gguf file" * 100)
+    code, _, err = run_cli(capsys, "generate", "hi", "--model", str(bad))
+    assert code == 2 and err.count("\n") == 1 and "gguf" in err.lower()
+
+
+def test_other_tokenizer_draft_is_refused(capsys, tiny_dir, other_tokenizer_dir):
+    code, _, err = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--drafter", "draft-model",
+                           "--draft-model", other_tokenizer_dir)
+    assert code == 2 and "different tokenizer" in err and err.count("\n") == 1
+
+
+def test_console_script_prints_no_traceback(tiny_dir):
+    proc = subprocess.run([sys.executable, "-m", "leapdecode.cli", "generate", "", "--model", tiny_dir],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.strip() == "leapdecode: error: the prompt is empty"

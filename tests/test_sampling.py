@@ -1,0 +1,132 @@
+"""Speculative sampling keeps the target's distribution: chi-square goodness-of-fit against exact probabilities.
+
+Each test has a negative control (a deliberately wrong acceptance rule) that the same test must reject, so the
+statistical check is shown to have power.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import noisy_copy, tiny_model
+from leapdecode import verify
+from leapdecode.controller import DraftLengthController
+from leapdecode.decode import decode
+from leapdecode.drafters import make_drafter
+from leapdecode.runner import Runner
+from leapdecode.sampling import SamplingConfig, probabilities
+
+ALPHA = 1e-3
+
+
+def goodness_of_fit(counts: dict, expected_probs: dict, n: int) -> float:
+    """p-value of observed counts against exact probabilities; cells expecting < 5 are pooled into one."""
+    observed, expected, pool_o, pool_e = [], [], 0.0, 0.0
+    for cell, prob in expected_probs.items():
+        if prob * n >= 5:
+            observed.append(counts.get(cell, 0))
+            expected.append(prob * n)
+        else:
+            pool_o += counts.get(cell, 0)
+            pool_e += prob * n
+    observed.append(pool_o + sum(c for cell, c in counts.items() if cell not in expected_probs))
+    expected.append(pool_e)
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    return float(chisquare(observed, torch.tensor(expected).double().numpy() * sum(observed) / sum(expected)).pvalue)
+
+
+def first_position_counts(p, q, draft_sampler, n, seed, accept=verify.speculative_accept):
+    gen = torch.Generator().manual_seed(seed)
+    counts: dict = {}
+    for _ in range(n):
+        draft = draft_sampler(gen)
+        token = accept(draft, None if q is None else q.expand(len(draft), -1), p, gen)[0]
+        counts[token] = counts.get(token, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("deterministic_draft", [False, True])
+def test_rule_preserves_target_distribution(deterministic_draft):
+    torch.manual_seed(0)
+    vocab = 6
+    p = torch.softmax(torch.randn(4, vocab) * 1.5, -1)   # target at 3 draft positions + 1 bonus
+    q = torch.softmax(torch.randn(1, vocab) * 1.5, -1)   # drafter distribution
+    if deterministic_draft:
+        sampler = lambda g: torch.tensor([2, 4, 1])  # noqa: E731 (a lookup drafter's fixed guess)
+        q_used = None
+    else:
+        sampler = lambda g: torch.multinomial(q[0], 3, replacement=True, generator=g)  # noqa: E731
+        q_used = q
+    n = 6000
+    expected = {t: float(p[0, t]) for t in range(vocab)}
+    counts = first_position_counts(p, q_used, sampler, n, seed=1)
+    assert goodness_of_fit(counts, expected, n) > ALPHA
+
+    def accept_without_residual(draft, draft_probs, target_probs, generator):  # negative control: resample from p
+        out = verify.speculative_accept(draft, draft_probs, target_probs, generator)
+        return out if len(out) > 1 else [int(torch.multinomial(target_probs[0], 1, generator=generator))]
+
+    wrong = first_position_counts(p, q_used, sampler, n, seed=1, accept=accept_without_residual)
+    assert goodness_of_fit(wrong, expected, n) < ALPHA
+
+
+def exact_sequence_probs(model, prompt, steps, cfg) -> dict:
+    """Exact probability of every token sequence of length `steps` under the target's sampling distribution."""
+    probs = {(): 1.0}
+    for _ in range(steps):
+        nxt = {}
+        for seq, pr in probs.items():
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + list(seq)])).logits[0, -1:]
+            dist = probabilities(logits, cfg)[0]
+            for t in range(dist.shape[0]):
+                if dist[t] > 0:
+                    nxt[seq + (t,)] = pr * float(dist[t])
+        probs = nxt
+    return probs
+
+
+@pytest.mark.parametrize("drafter_name,cfg", [
+    ("draft-model", SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)),
+    pytest.param("draft-model", SamplingConfig(temperature=1.0), marks=pytest.mark.slow),
+    pytest.param("prompt-lookup", SamplingConfig(temperature=1.2), marks=pytest.mark.slow),
+])
+def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
+    """Three generated tokens: the first from prefill, the next two through draft + verification."""
+    vocab = 5
+    target = tiny_model("llama", seed=3, head_scale=2.0, vocab=vocab)
+    draft = noisy_copy(target, seed=4, noise=0.7)
+    prompt = [1, 2, 3, 1, 2]
+    exact = exact_sequence_probs(target, prompt, 3, cfg)
+    n = 1200
+
+    def sample_counts(wrong_rule: bool) -> dict:
+        counts: dict = {}
+        for seed in range(n):
+            drafter = make_drafter(drafter_name, **({"draft_model": draft, "confidence": 0.0}
+                                                     if drafter_name == "draft-model" else {}))
+            run_cfg = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=seed)
+            out, _ = decode(Runner(target), prompt, drafter, sampling=run_cfg,
+                            controller=DraftLengthController(k_init=2, adaptive=False), max_new_tokens=3,
+                            eos_ids=set(), context_length=64)
+            counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+        return counts
+
+    assert goodness_of_fit(sample_counts(False), exact, n) > ALPHA
+    original = verify.speculative_accept
+
+    def accept_everything(draft_tokens, draft_probs, target_probs, generator):  # negative control
+        return draft_tokens.tolist() + [int(torch.multinomial(target_probs[len(draft_tokens)], 1, generator=generator))]
+
+    import leapdecode.decode as decode_module
+
+    decode_module.speculative_accept = accept_everything
+    try:
+        wrong = sample_counts(True)
+    finally:
+        decode_module.speculative_accept = original
+    assert goodness_of_fit(wrong, exact, n) < ALPHA
