@@ -1,0 +1,138 @@
+"""`leapdecode bench`: measure decoding methods on a Spec-Bench-format suite.
+
+`register(subparsers)` adds the `bench` command to the main CLI (it sets `run` and `func` to `cmd_bench(args)`, which
+returns an exit code). `python -m leapdecode.bench.cli bench ...` runs it standalone.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import LeapDecodeError, require
+from .methods import METHODS, NEEDS_DRAFT_MODEL, SWEEPABLE, parse_methods
+
+DEFAULTS = {"quick": {"max_new_tokens": 32, "repeats": 1}, "other": {"max_new_tokens": 128, "repeats": 3}}
+
+
+def _ints(value: str, flag: str) -> list[int]:
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise LeapDecodeError(f"{flag} takes comma-separated integers, e.g. 2,4,8; got '{value}'") from None
+    require(out and all(k > 0 for k in out), f"{flag} takes positive integers, got '{value}'")
+    return out
+
+
+def _names(value: str | None) -> list[str]:
+    return [x.strip() for x in (value or "").split(",") if x.strip()]
+
+
+def _busy() -> str:
+    """A hint when other processes already load the CPUs (oversubscribed torch threads make timings erratic)."""
+    import os
+
+    import torch
+
+    try:
+        load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:
+        return ""
+    if load + torch.get_num_threads() <= cpus + 0.5:
+        return ""
+    threads = torch.get_num_threads()
+    return (f"load average {load:.1f} on {cpus} CPUs with {threads} torch thread(s): timings will be noisy"
+            + ("; --threads 1 is steadier on a shared machine" if threads > 1 else ""))
+
+
+def default_methods(has_draft: bool) -> str:
+    return ",".join(m for m in METHODS if has_draft or m not in NEEDS_DRAFT_MODEL)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..models import load_model
+    from .run import run_benchmark
+    from .runner import BenchConfig
+    from .suites import load_suite
+
+    methods = parse_methods(args.methods or default_methods(args.draft_model is not None), args.draft_model is not None)
+    questions = load_suite(args.suite, _names(args.categories) or None, args.per_category)
+    defaults = DEFAULTS["quick" if args.suite == "quick" else "other"]
+    if args.threads is not None:
+        require(args.threads > 0, f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    cfg = BenchConfig(methods=methods, max_new_tokens=args.max_new_tokens or defaults["max_new_tokens"],
+                      repeats=args.repeats or defaults["repeats"], draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
+                      sweep=_names(args.sweep), warmup=not args.no_warmup, draft_length=args.draft_length,
+                      max_draft_length=args.max_draft_length, hf_prompt_lookup_tokens=args.hf_prompt_lookup_tokens)
+    target = load_model(args.model, dtype=args.dtype)
+    draft = load_model(args.draft_model, dtype=args.dtype) if args.draft_model else None
+    if draft is not None:
+        from ..api import same_tokenizer
+
+        require(same_tokenizer(draft.tokenizer, target.tokenizer),
+                f"draft model '{draft.name}' uses a different tokenizer from '{target.name}'")
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    busy = _busy()
+    if busy:
+        console.print(f"[yellow]note:[/] {busy}")
+    result = run_benchmark(target, questions, cfg, args.out, draft=draft, suite=args.suite,
+                           progress=not args.no_progress, console=console)
+    s = result.summary
+    overall = s["groups"]["overall"]
+    for label, row in overall.items():
+        if "@" in label and label != s["oracle_best"]:
+            continue
+        speed = "" if row["speedup"] is None else f"  {row['speedup']:.2f}×"
+        console.print(f"  {label:<18} {row['tokens_per_second']:7.2f} tok/s{speed}  "
+                      f"{row['mean_accepted_tokens']:.2f} tok/forward  identical {100 * row['identical_share']:.0f} %")
+    if s["mismatched_outputs"]:
+        console.print(f"[bold red]MISMATCH: {s['mismatched_outputs']} of {s['outputs']} outputs differ from greedy "
+                      f"— see the top of {result.report}[/]")
+    console.print(f"wrote {result.results}, {result.report}" + "".join(f", {p}" for p in result.plots))
+    return 3 if s["mismatched_outputs"] and args.fail_on_mismatch else 0
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="benchmark decoding methods (tokens/s, speedup, acceptance, losslessness)",
+                              description="Measure decoding methods on a suite in the Spec-Bench question format; "
+                                          "write results.json, report.md and PNG plots to --out.")
+    p.add_argument("--model", required=True, help="target model: packaged name, directory, .gguf or cached hub id")
+    p.add_argument("--draft-model", help="draft model for hf-assisted and draft-model (same tokenizer)")
+    p.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)} (default: all that apply)")
+    p.add_argument("--suite", default="quick", help="quick | dev | PATH.jsonl (Spec-Bench question format)")
+    p.add_argument("--categories", help="comma-separated subset of the suite's categories")
+    p.add_argument("--per-category", type=int, help="only the first N questions of each category")
+    p.add_argument("--max-new-tokens", type=int, help="default: 32 for quick, 128 otherwise")
+    p.add_argument("--repeats", type=int, help="timed runs per method and turn (median); default: 1 quick, 3 otherwise")
+    p.add_argument("--draft-lengths", default="2,4,8", help="fixed draft lengths for the oracle and --sweep methods")
+    p.add_argument("--sweep", help=f"methods also run at each --draft-lengths value, from {', '.join(SWEEPABLE[:-1])}")
+    p.add_argument("--draft-length", type=int, default=4, help="initial draft length of the adaptive drafters")
+    p.add_argument("--max-draft-length", type=int, default=16)
+    p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (all methods)")
+    p.add_argument("--threads", type=int, help="torch threads for all methods (default: torch's choice)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of every method")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--fail-on-mismatch", action="store_true", help="exit with status 3 if any output differs from greedy")
+    p.add_argument("--out", required=True, help="output directory (results.json, report.md, *.png)")
+    p.set_defaults(func=cmd_bench, run=cmd_bench)  # the main CLI calls args.run, the diffusion CLI args.func
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="leapdecode")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except LeapDecodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""One function per method kind. Every method decodes greedily from the same prompt ids with the same eos ids and
+max_new_tokens; each returns a `Measurement` (new token ids, wall time, time to first token, target forwards).
+
+HF methods call `model.generate`; leapdecode methods call the public `leapdecode.generate`, as a user would.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..api import generate
+from ..drafters import OracleDrafter
+from ..errors import LeapDecodeError, require
+
+HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
+LEAP_METHODS = ("none", "prompt-lookup", "ngram", "draft-model", "oracle")
+METHODS = HF_METHODS + LEAP_METHODS
+NEEDS_DRAFT_MODEL = ("hf-assisted", "draft-model")
+SWEEPABLE = ("prompt-lookup", "ngram", "draft-model", "oracle")  # leapdecode drafters with a draft length k
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A method at one setting: `draft_length` None means the method's own default (adaptive k for leapdecode)."""
+
+    method: str
+    draft_length: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.method if self.draft_length is None else f"{self.method}@{self.draft_length}"
+
+
+@dataclass
+class Measurement:
+    token_ids: list[int]
+    wall_time: float            # seconds around the call, prompt ids in, token ids out
+    time_to_first_token: float  # seconds from the call to the first new token
+    forward_passes: int         # target forwards, prefill included
+    engine: dict = field(default_factory=dict)  # leapdecode's own GenerationStats (leapdecode methods only)
+
+
+@dataclass
+class BenchContext:
+    """What every method needs: the loaded target (+ draft) and the common decoding settings."""
+
+    target: "LoadedModel"  # noqa: F821
+    draft: "LoadedModel | None" = None  # noqa: F821
+    max_new_tokens: int = 128
+    draft_length: int = 4
+    max_draft_length: int = 16
+    hf_prompt_lookup_tokens: int = 10
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return list(self.target.eos_token_ids)
+
+
+def parse_methods(text: str, has_draft: bool) -> list[str]:
+    """Comma-separated method names, validated; the error names the unknown one or the missing draft model."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    require(names, "--methods is empty")
+    for m in names:
+        require(m in METHODS, f"unknown method '{m}': choose from {', '.join(METHODS)}")
+        require(has_draft or m not in NEEDS_DRAFT_MODEL, f"method '{m}' needs a draft model: add --draft-model NAME")
+    require(len(set(names)) == len(names), "--methods lists a method twice")
+    return names
+
+
+def truncate_at_eos(tokens: list[int], eos_ids) -> list[int]:
+    """Tokens up to and including the first eos (plain greedy stops there)."""
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+class _FirstTokenTimer:
+    """An HF streamer that notes when the first new token arrives (the first `put` carries the prompt)."""
+
+    def __init__(self, start: float):
+        self.start, self.puts, self.first = start, 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2 and self.first is None:
+            self.first = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
+
+
+def run_hf(ctx: BenchContext, variant: Variant, prompt_ids: list[int]) -> Measurement:
+    """HF `generate`, plain or with its assisted / prompt-lookup candidate generators, greedy."""
+    model = ctx.target.model
+    extra: dict = {}
+    if variant.method == "hf-assisted":
+        require(ctx.draft is not None, "method 'hf-assisted' needs a draft model: add --draft-model NAME")
+        extra["assistant_model"] = ctx.draft.model
+    elif variant.method == "hf-prompt-lookup":
+        extra["prompt_lookup_num_tokens"] = variant.draft_length or ctx.hf_prompt_lookup_tokens
+    ids = torch.tensor([prompt_ids], dtype=torch.long)
+    calls = [0]
+    hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    pad = model.generation_config.pad_token_id
+    try:
+        start = time.perf_counter()
+        timer = _FirstTokenTimer(start)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=ctx.max_new_tokens,
+                             do_sample=False, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                             eos_token_id=ctx.eos_ids, pad_token_id=ctx.eos_ids[0] if pad is None else pad,
+                             streamer=timer, **extra)
+        wall = time.perf_counter() - start
+    finally:
+        hook.remove()
+    tokens = truncate_at_eos(out[0, len(prompt_ids):].tolist(), set(ctx.eos_ids))
+    return Measurement(tokens, wall, timer.first if timer.first is not None else wall, calls[0])
+
+
+def run_leap(ctx: BenchContext, variant: Variant, messages: list[dict], reference: list[int] | None,
+             store_key: str) -> Measurement:
+    """`leapdecode.generate` with the variant's drafter; a fixed draft length turns the adaptive controller off."""
+    drafter: object = variant.method
+    if variant.method == "oracle":
+        require(reference is not None, "the oracle needs the reference greedy continuation")
+        drafter = OracleDrafter(reference)
+    if variant.method == "draft-model":
+        require(ctx.draft is not None, "method 'draft-model' needs a draft model: add --draft-model NAME")
+    fixed = variant.draft_length is not None
+    k = variant.draft_length or ctx.draft_length
+    first: list[float] = []
+    start = time.perf_counter()
+    result = generate(ctx.target, messages, drafter=drafter,
+                      draft_model=ctx.draft if variant.method == "draft-model" else None,
+                      max_new_tokens=ctx.max_new_tokens, temperature=0.0, draft_length=k,
+                      max_draft_length=k if fixed else max(k, ctx.max_draft_length), adaptive_draft_length=not fixed,
+                      drafter_options={"store_key": store_key} if variant.method == "ngram" else None,
+                      stream=lambda new: first or first.append(time.perf_counter() - start))
+    wall = time.perf_counter() - start
+    return Measurement(list(result.token_ids), wall, first[0] if first else wall, result.stats.forward_passes,
+                       engine=result.stats.as_dict())
+
+
+def run_variant(ctx: BenchContext, variant: Variant, prompt_ids: list[int], messages: list[dict],
+                reference: list[int] | None, store_key: str = "bench") -> Measurement:
+    if variant.method in HF_METHODS:
+        return run_hf(ctx, variant, prompt_ids)
+    if variant.method in LEAP_METHODS:
+        return run_leap(ctx, variant, messages, reference, store_key)
+    raise LeapDecodeError(f"unknown method '{variant.method}': choose from {', '.join(METHODS)}")
+
+
+def first_difference(reference: list[int], tokens: list[int]) -> int | None:
+    """Index of the first differing token (a length difference counts), or None when identical."""
+    for i, (a, b) in enumerate(zip(reference, tokens)):
+        if a != b:
+            return i
+    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
+
+
+@torch.inference_mode()
+def divergence(ctx: BenchContext, prompt_ids: list[int], reference: list[int], tokens: list[int]) -> dict:
+    """Where `tokens` leaves the greedy `reference`, with the target's top-2 logit margin there (one plain forward
+    over prompt + the common prefix): a margin near 0 is a numerical tie, a large one a bug."""
+    pos = first_difference(reference, tokens)
+    if pos is None:
+        return {}
+    ids = torch.tensor([prompt_ids + reference[:pos]], dtype=torch.long)
+    logits = ctx.target.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+    top = torch.topk(logits, 2)
+    info = {"position": pos, "top1": int(top.indices[0]), "top2": int(top.indices[1]),
+            "top2_margin": round(float(top.values[0] - top.values[1]), 6),
+            "reference_token": reference[pos] if pos < len(reference) else None,
+            "method_token": tokens[pos] if pos < len(tokens) else None}
+    if info["reference_token"] is not None and info["method_token"] is not None:
+        info["logit_gap"] = round(float(logits[info["reference_token"]] - logits[info["method_token"]]), 6)
+    return info

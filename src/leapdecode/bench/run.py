@@ -1,0 +1,110 @@
+"""The whole benchmark as one call: measure a suite, then write results.json, report.md and the PNG plots."""
+from __future__ import annotations
+
+import datetime
+import os
+import pathlib
+import platform
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..errors import LeapDecodeError
+from .methods import BenchContext
+from .plots import plot_draft_length, plot_speedup
+from .report import main_rows, summarize, write_report, write_results
+from .runner import BenchConfig, run_suite
+from .suites import Question
+
+
+@dataclass
+class BenchOutput:
+    summary: dict
+    results: pathlib.Path
+    report: pathlib.Path
+    plots: list[pathlib.Path]
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _load() -> float:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return 0.0
+
+
+def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: list[Question]) -> dict:
+    """Everything a reader needs to judge the numbers: machine, versions, dtype, settings."""
+    import transformers
+
+    from .. import __version__
+
+    dtype = str(next(ctx.target.model.parameters()).dtype).removeprefix("torch.")
+    return {
+        "machine": f"{cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}",
+        "torch threads": torch.get_num_threads(),
+        "versions": f"python {platform.python_version()}, torch {torch.__version__}, transformers "
+                    f"{transformers.__version__}, leapdecode {__version__}",
+        "target model": f"{ctx.target.name} ({sum(p.numel() for p in ctx.target.model.parameters()) / 1e6:.0f}M "
+                        f"parameters, {ctx.target.path})",
+        "draft model": f"{ctx.draft.name} ({ctx.draft.path})" if ctx.draft else "none",
+        "dtype": dtype + " (all methods)",
+        "suite": f"{suite}: {len(questions)} questions, {sum(len(q.turns) for q in questions)} turns, categories "
+                 + ", ".join(dict.fromkeys(q.category for q in questions)),
+        "decoding": f"greedy, max_new_tokens {cfg.max_new_tokens}, eos ids {list(ctx.target.eos_token_ids)}",
+        "reference": "HF `generate` greedy (untimed run per turn); later turns carry its answers",
+        "timing": f"{'warm-up of every method, ' if cfg.warmup else 'no warm-up, '}{cfg.repeats} repeat(s), "
+                  "method order rotated per turn and repeat, median per turn",
+        "leapdecode drafters": f"adaptive k starting at {cfg.draft_length}, at most {cfg.max_draft_length}; ngram "
+                               "store fresh per repeat (learns across the suite, never from its own earlier repeat)",
+        "draft-length sweep": f"k in {sorted(set(cfg.draft_lengths))} for oracle"
+                              + "".join(f", {m}" for m in cfg.sweep) + " (adaptive off)",
+        "hf-prompt-lookup": f"prompt_lookup_num_tokens={cfg.hf_prompt_lookup_tokens}",
+        "command": " ".join(["leapdecode", *sys.argv[1:]]) if sys.argv else "",
+    }
+
+
+def run_benchmark(target, questions: list[Question], cfg: BenchConfig, out: str | pathlib.Path, *, draft=None,
+                  suite: str = "", progress: bool = True, console=None) -> BenchOutput:
+    """Measure `questions` with every method of `cfg` on the loaded `target` (and `draft`), write DIR/results.json,
+    DIR/report.md, DIR/speedup.png and DIR/draft_length.png; return the summary and the paths."""
+    out = pathlib.Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LeapDecodeError(f"cannot create output directory {out}: {e.strerror or e}") from None
+    ctx = BenchContext(target=target, draft=draft)
+    setup = machine_setup(ctx, cfg, suite, questions)
+    from transformers.utils import logging as tlog
+
+    load_start = _load()
+    level = tlog.get_verbosity()
+    tlog.set_verbosity_error()  # HF generate warns about flags it ignores; nothing a reader needs
+    try:
+        with torch.inference_mode():
+            run = run_suite(ctx, questions, cfg, progress=progress, console=console)
+    finally:
+        tlog.set_verbosity(level)
+    summary = summarize(run)
+    setup["load average (1 min)"] = (f"{load_start} at start, {_load()} at end on {os.cpu_count()} CPUs"
+                                     + (": a busy machine, timings are noisy" if max(load_start, _load()) >
+                                        (os.cpu_count() or 1) else ""))
+    meta = {"model": target.name, "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
+            "setup": setup, "config": asdict(cfg),
+            "settings": {"suite": suite, "questions": len(questions), "turns": sum(len(q.turns) for q in questions),
+                         "repeats": cfg.repeats}}
+    plots = [p for p in (plot_speedup(out, summary, main_rows(run, summary)), plot_draft_length(out, run, summary))
+             if p]
+    results = write_results(out, meta, [q.as_dict() for q in questions], run, summary)
+    report = write_report(out, meta, run, summary, plots)
+    return BenchOutput(summary, results, report, [out / p for p in plots])
