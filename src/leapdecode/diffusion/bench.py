@@ -117,8 +117,9 @@ def run_bench(lm: DiffusionLM, out: str | Path, filter_model: PositionFilter | N
         results[setting.label] = {"family": setting.family, "per_task": r["per_task"],
                                   "accuracy": _mean(r["per_task"], "accuracy"), "nfe": _mean(r["per_task"], "nfe"),
                                   "tpf": _mean(r["per_task"], "tpf"), "ms_per_seq": _mean(r["per_task"], "ms_per_seq")}
-        log(f"{setting.label:24s} acc {results[setting.label]['accuracy']:5.1f}%  NFE {results[setting.label]['nfe']:5.2f}"
-            f"  TPF {results[setting.label]['tpf']:5.2f}  ({time.time() - start:.0f} s)")
+        v = results[setting.label]
+        log(f"{setting.label:24s} acc {v['accuracy']:5.1f}%  NFE {v['nfe']:5.2f}  TPF {v['tpf']:5.2f}"
+            f"  ({time.time() - start:.0f} s)")
     report = summarize(results, tasks, gen_len, per_task, block_len)
     write_outputs(report, Path(out))
     return report

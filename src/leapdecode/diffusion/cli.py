@@ -15,6 +15,17 @@ def _tasks(value: str | None) -> list[str] | None:
     return [t.strip() for t in value.split(",") if t.strip()] if value else None
 
 
+def _weights(value: str | None) -> dict[str, float]:
+    from .train import TASK_WEIGHTS
+
+    if not value:
+        return dict(TASK_WEIGHTS)
+    try:
+        return {k.strip(): float(w) for k, w in (item.split("=") for item in value.split(","))}
+    except ValueError:
+        raise LeapDecodeError(f"--task-weights must look like 'add=2,pick3=1.5', got {value!r}") from None
+
+
 def _threads(n: int) -> None:
     import torch
 
@@ -27,7 +38,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       hidden_size=args.hidden_size, layers=args.layers, heads=args.heads, seed=args.seed,
-                      threads=args.threads, max_minutes=args.max_minutes, tasks=_tasks(args.tasks) or [])
+                      threads=args.threads, max_minutes=args.max_minutes, tasks=_tasks(args.tasks) or [],
+                      init_from=args.init_from, task_weights=_weights(args.task_weights))
     train(cfg)
     return 0
 
@@ -115,6 +127,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-minutes", type=float, default=28.0, help="stop (and save) after this long")
     p.add_argument("--tasks", help="comma-separated subset of tasks (default: all)")
+    p.add_argument("--task-weights", help="sampling weights, e.g. 'add=2,pick3=1.5' (others 1; default add=2,"
+                   "lookup=1.5,pair=1.5)")
+    p.add_argument("--init-from", help="continue training this saved model (same tasks and vocabulary)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("train-filter", help="train the Learn2PD filter on reference-decode traces")

@@ -63,9 +63,10 @@ def fit_filter(features: torch.Tensor, labels: torch.Tensor, seed: int = 0, epoc
     with torch.no_grad():
         p = torch.sigmoid(model(features[val]))
         acc = ((p >= 0.5).float() == labels[val]).float().mean().item()
-        precision_at_90 = labels[val][p >= 0.9].mean().item() if (p >= 0.9).any() else float("nan")
+        sure = p >= 0.9
+        precision = round(labels[val][sure].mean().item(), 4) if sure.any() else None
     return model, {"samples": len(labels), "positive_rate": round(labels.mean().item(), 4),
-                   "val_accuracy": round(acc, 4), "val_precision_at_0.9": round(precision_at_90, 4)}
+                   "val_accuracy": round(acc, 4), "val_precision_at_0.9": precision}
 
 
 def train_filter(lm: DiffusionLM, out: str | Path, tasks: list[str] | None = None, per_task: int = 64,

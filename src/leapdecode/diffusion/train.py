@@ -34,6 +34,8 @@ class TrainConfig:
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
     log_every: int = 100
     save_every: int = 500
+    task_weights: dict[str, float] = field(default_factory=lambda: dict(TASK_WEIGHTS))
+    init_from: str | None = None  # continue training a saved model instead of starting from scratch
 
     def __post_init__(self) -> None:
         require(self.steps > 0, f"--steps must be positive, got {self.steps}")
@@ -42,6 +44,8 @@ class TrainConfig:
         require(self.hidden_size % self.heads == 0, "--hidden-size must be a multiple of --heads")
         require(self.max_minutes > 0, f"--max-minutes must be positive, got {self.max_minutes}")
         self.tasks = resolve_tasks(self.tasks)
+        resolve_tasks(list(self.task_weights))
+        require(all(w > 0 for w in self.task_weights.values()), "task weights must be positive")
 
 
 def _lr_at(step: int, cfg: TrainConfig) -> float:
@@ -57,14 +61,18 @@ def train(cfg: TrainConfig, log=print) -> dict:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     tok = CharTokenizer()
-    model = MaskedDiffusionLM(MaskedDiffusionConfig(
-        vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=3 * cfg.hidden_size,
-        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, max_position_embeddings=MAX_LEN,
-        mask_token_id=tok.mask_id, pad_token_id=tok.pad_id, eos_token_id=tok.eos_id))
+    if cfg.init_from:
+        model = MaskedDiffusionLM.from_pretrained(cfg.init_from)
+    else:
+        model = MaskedDiffusionLM(MaskedDiffusionConfig(
+            vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=3 * cfg.hidden_size,
+            num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, max_position_embeddings=MAX_LEN,
+            mask_token_id=tok.mask_id, pad_token_id=tok.pad_id, eos_token_id=tok.eos_id))
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params / 1e6:.2f}M parameters; tasks: {', '.join(cfg.tasks)}")
+    log(f"model: {n_params / 1e6:.2f}M parameters{' from ' + cfg.init_from if cfg.init_from else ''}; "
+        f"tasks: {', '.join(cfg.tasks)}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    weights = [TASK_WEIGHTS.get(t, 1.0) for t in cfg.tasks]
+    weights = [cfg.task_weights.get(t, 1.0) for t in cfg.tasks]
     out = Path(cfg.out)
     start, history, step = time.time(), [], 0
     model.train()

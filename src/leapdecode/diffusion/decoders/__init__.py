@@ -31,7 +31,8 @@ def make_decoder(name: str, *, threshold: float | None = None, steps: int | None
         return ProphetDecoder(scale=prophet_scale)
     if name == "learn2pd":
         from ..model import CHECKPOINT_DIR
-        return Learn2PDDecoder(PositionFilter.load(filter_dir or CHECKPOINT_DIR), 0.9 if threshold is None else threshold)
+        filt = PositionFilter.load(filter_dir or CHECKPOINT_DIR)
+        return Learn2PDDecoder(filt, 0.9 if threshold is None else threshold)
     return EGPDecoder()
 
 
