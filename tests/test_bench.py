@@ -9,7 +9,7 @@ import pytest
 from conftest import noisy_copy, tiny_model
 from leapdecode.bench import methods as bench_methods
 from leapdecode.bench import runner as bench_runner
-from leapdecode.bench.cli import main as bench_main
+from leapdecode.cli import main as bench_main
 from leapdecode.bench.methods import METHODS, parse_methods
 from leapdecode.bench.run import run_benchmark
 from leapdecode.bench.runner import BenchConfig, plan_variants
@@ -121,7 +121,7 @@ def test_cli_bad_input_one_line(tmp_path, capsys):
     assert bench_main(["bench", "--model", "x", "--suite", str(tmp_path / "none.jsonl"), "--out", out]) == 2
     assert bench_main(["bench", "--model", "x", "--draft-lengths", "2,x", "--out", out]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 4 and all(line.startswith("error: ") for line in lines)
+    assert len(lines) == 4 and all(line.startswith("leapdecode: error: ") for line in lines)
 
 
 # ---------------------------------------------------------------- end to end

@@ -273,11 +273,11 @@ def test_bench_summary_report_and_targets(tmp_path):
 
 
 def test_bench_cli_rejects_unknown_press(capsys):
-    from leapdecode.kv.cli import main
+    from leapdecode.cli import main
 
     assert main(["bench-kv", "--presses", "snapkv,h2o", "--out", "unused"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "error: unknown KV press 'h2o'; choose from: streaming-llm, snapkv, quantized, fastkv"
+    assert err.strip() == "leapdecode: error: unknown KV press 'h2o'; choose from: streaming-llm, snapkv, quantized, fastkv"
 
 
 def test_needle_prompt_hides_the_fact_at_its_depth():

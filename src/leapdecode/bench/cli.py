@@ -1,12 +1,11 @@
 """`leapdecode bench`: measure decoding methods on a Spec-Bench-format suite.
 
-`register(subparsers)` adds the `bench` command to the main CLI (it sets `run` and `func` to `cmd_bench(args)`, which
-returns an exit code). `python -m leapdecode.bench.cli bench ...` runs it standalone.
+`register(subparsers)` adds the `bench` command to the main CLI (it sets `func` to `cmd_bench(args)`, which returns an
+exit code).
 """
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..errors import LeapDecodeError, require
 from .methods import METHODS, NEEDS_DRAFT_MODEL, SWEEPABLE, parse_methods
@@ -119,20 +118,5 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--fail-on-mismatch", action="store_true", help="exit with status 3 if any output differs from greedy")
     p.add_argument("--out", required=True, help="output directory (results.json, report.md, *.png)")
-    p.set_defaults(func=cmd_bench, run=cmd_bench)  # the main CLI calls args.run, the diffusion CLI args.func
+    p.set_defaults(func=cmd_bench)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="leapdecode")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except LeapDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

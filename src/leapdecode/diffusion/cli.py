@@ -1,7 +1,7 @@
 """`leapdecode dllm {train,train-filter,generate,bench}`.
 
 `register(subparsers)` adds the `dllm` command to the main CLI; every subcommand sets `func`, to be called as
-`args.func(args)` (returns an exit code). `python -m leapdecode.diffusion.cli ...` runs it standalone.
+`args.func(args)` (returns an exit code).
 """
 from __future__ import annotations
 
@@ -169,18 +169,3 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.set_defaults(func=cmd_bench)
     return dllm
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="leapdecode")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["dllm", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return args.func(args)
-    except LeapDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

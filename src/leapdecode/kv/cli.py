@@ -1,14 +1,13 @@
 """`leapdecode bench-kv`: KV presses against the full cache on long prompts (needles and documents).
 
 `register(subparsers)` adds the command to the main CLI (it sets `func`, called as `args.func(args)`, returning an
-exit code); `python -m leapdecode.kv.cli bench-kv ...` runs it standalone."""
+exit code)."""
 from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 
-from ..errors import LeapDecodeError, require
+from ..errors import require
 
 
 def _list(kind):
@@ -61,18 +60,3 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-kv-out", help="output directory (default bench-kv-out)")
     p.set_defaults(func=cmd_bench_kv)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="leapdecode")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except LeapDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

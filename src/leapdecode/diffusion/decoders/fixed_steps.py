@@ -2,7 +2,6 @@
 (low-confidence remasking), k = remaining masks / remaining steps. steps = gen length is one token per forward."""
 from __future__ import annotations
 
-import torch
 
 from ...errors import require
 from ..loop import Commit, StepView
