@@ -65,7 +65,7 @@ def test_builtin_suites_load():
     assert min(counts.values()) >= 8
     assert all(len(q.turns) == 2 for q in dev if q.category == "mt_bench")
     assert all("def " in q.turns[0] for q in dev if q.category == "code")
-    assert 1 <= len(load_suite("quick")) <= 4
+    assert len(load_suite("quick")) == 5
     assert [q.category for q in load_suite("dev", ["qa", "rag"], per_category=2)] == ["qa", "qa", "rag", "rag"]
 
 

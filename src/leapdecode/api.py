@@ -73,12 +73,12 @@ def _vocab_fingerprint(tokenizer) -> int:
     return fingerprint
 
 
-def build_drafter(drafter: str | Drafter, target, draft_model=None, dtype="float32", **options) -> Drafter:
+def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype="bfloat16", **options) -> Drafter:
     """A Drafter instance from its name; loads and checks the draft model for 'draft-model'."""
     if isinstance(drafter, Drafter):
         return drafter
     if drafter == "draft-model" and draft_model is not None:
-        draft = resolve_model(draft_model, tokenizer=target.tokenizer, dtype=dtype)
+        draft = resolve_model(draft_model, tokenizer=target.tokenizer, dtype=draft_dtype)
         if not same_tokenizer(draft.tokenizer, target.tokenizer):
             raise LeapDecodeError(
                 f"draft model '{draft.name}' uses a different tokenizer from '{target.name}': "
@@ -103,6 +103,7 @@ def generate(
     seed: int | None = None,
     raw: bool = False,
     dtype: str = "float32",
+    draft_dtype: str = "bfloat16",
     draft_length: int = 4,
     max_draft_length: int = 16,
     adaptive_draft_length: bool = True,
@@ -113,7 +114,8 @@ def generate(
     """Generate a continuation of `prompt` (a string or chat messages) with speculative decoding.
 
     Greedy (temperature 0) output is token for token that of plain greedy decoding; with temperature > 0 the output
-    follows the same distribution as plain sampling. `stream` receives each step's new token ids.
+    follows the same distribution as plain sampling. `stream` receives each step's new token ids. A draft model given
+    by name loads in `draft_dtype` (bfloat16 by default: the draft's precision changes speed, never the output).
     """
     require(isinstance(max_new_tokens, int) and max_new_tokens > 0, f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -126,7 +128,7 @@ def generate(
             f"the prompt has {len(prompt_ids)} tokens but {target.name} has a context of {context} tokens")
     if kv_press is not None:
         kv_press.check(target.model)
-    chosen = build_drafter(drafter, target, draft_model, dtype, **(drafter_options or {}))
+    chosen = build_drafter(drafter, target, draft_model, draft_dtype, **(drafter_options or {}))
     runner = Runner(target.model, press=kv_press)
     tokens, stats = decode(runner, prompt_ids, chosen, sampling=sampling, controller=controller,
                            max_new_tokens=max_new_tokens, eos_ids=set(target.eos_token_ids), context_length=context,

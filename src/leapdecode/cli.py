@@ -35,6 +35,7 @@ def add_generate(sub) -> None:
     p.add_argument("--top-k", type=_int, default=0)
     p.add_argument("--seed", type=_int)
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--draft-dtype", default="bfloat16", help="dtype of --draft-model (never changes the output)")
     p.add_argument("--draft-length", type=_int, default=4, help="initial draft length k")
     p.add_argument("--max-draft-length", type=_int, default=16)
     p.add_argument("--fixed-draft-length", action="store_true", help="keep k fixed instead of adapting it online")
@@ -67,7 +68,7 @@ def run_generate(args) -> int:
     result = generate(
         target, prompt, drafter=args.drafter, draft_model=args.draft_model, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, raw=args.raw,
-        dtype=args.dtype, draft_length=args.draft_length, max_draft_length=args.max_draft_length,
+        dtype=args.dtype, draft_dtype=args.draft_dtype, draft_length=args.draft_length, max_draft_length=args.max_draft_length,
         adaptive_draft_length=not args.fixed_draft_length, kv_press=press,
         stream=None if streamer is None else lambda ids: streamer.put(_tensor(ids)),
     )

@@ -41,11 +41,12 @@ def decode(
     out: list[int] = []
     draft = Draft([])
     logits = first_logits[None]
+    fed, forward_seconds, draft_seconds = 0, 0.0, 0.0  # the prefill is not a decode step: nothing to time
     while True:
         new = _verify(draft, logits, sampling, generator)
         accepted = len(new) - 1
         runner.rollback(len(draft.tokens) - accepted)
-        controller.update(len(draft.tokens), accepted)
+        controller.update(len(draft.tokens), accepted, fed, forward_seconds, draft_seconds)
         new = _truncate(new, eos_ids, max_new_tokens - len(out))
         out += new
         context += new
@@ -65,8 +66,10 @@ def decode(
         t = time.perf_counter()
         draft = drafter.propose(context, k) if k > 0 else Draft([])
         draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
-        stats.draft_time += time.perf_counter() - t
+        draft_seconds = time.perf_counter() - t
         logits = runner.forward([context[-1]] + draft.tokens)
+        fed, forward_seconds = len(draft.tokens) + 1, time.perf_counter() - t - draft_seconds
+        stats.draft_time += draft_seconds
     stats.new_tokens = len(out)
     stats.total_time = time.perf_counter() - start
     return out, stats

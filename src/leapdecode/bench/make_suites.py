@@ -55,13 +55,17 @@ def dev_questions() -> list[dict]:
 
 
 def quick_questions() -> list[dict]:
-    """Three questions for a CI smoke run: a two-turn chat, a summary of a short passage, a code completion."""
+    """Five questions for a smoke run: a two-turn chat, a summary, a code completion, a rewrite, a word problem."""
     title, body = T.ARTICLES[4]
     return [
         {"question_id": 1, "category": "mt_bench", "turns": T.MT_BENCH[5]},
         {"question_id": 2, "category": "summarization",
          "turns": [f"Summarize the following paragraph in two sentences.\n\n{body.split(chr(10))[0]}"]},
         {"question_id": 3, "category": "code", "turns": [_code_prompts()[0]]},
+        {"question_id": 4, "category": "rewrite", "turns": [f"Rewrite the following text so that it is clearer and more "
+                                                           f"formal. Keep every fact.\n\n{T.REWRITE}"]},
+        {"question_id": 5, "category": "math_reasoning",
+         "turns": [f"Solve the following problem step by step, then state the final answer.\n\n{T.MATH[0]}"]},
     ]
 
 

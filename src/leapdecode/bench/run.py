@@ -43,13 +43,16 @@ def _load() -> float:
         return 0.0
 
 
+def _dtype(loaded) -> str:
+    return str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+
+
 def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: list[Question]) -> dict:
     """Everything a reader needs to judge the numbers: machine, versions, dtype, settings."""
     import transformers
 
     from .. import __version__
 
-    dtype = str(next(ctx.target.model.parameters()).dtype).removeprefix("torch.")
     return {
         "machine": f"{cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}",
         "torch threads": torch.get_num_threads(),
@@ -57,8 +60,9 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
                     f"{transformers.__version__}, leapdecode {__version__}",
         "target model": f"{ctx.target.name} ({sum(p.numel() for p in ctx.target.model.parameters()) / 1e6:.0f}M "
                         f"parameters, {ctx.target.path})",
-        "draft model": f"{ctx.draft.name} ({ctx.draft.path})" if ctx.draft else "none",
-        "dtype": dtype + " (all methods)",
+        "draft model": f"{ctx.draft.name} ({ctx.draft.path}), {_dtype(ctx.draft)} for hf-assisted and draft-model"
+                       if ctx.draft else "none",
+        "dtype": _dtype(ctx.target) + " (target, all methods)",
         "suite": f"{suite}: {len(questions)} questions, {sum(len(q.turns) for q in questions)} turns, categories "
                  + ", ".join(dict.fromkeys(q.category for q in questions)),
         "decoding": f"greedy, max_new_tokens {cfg.max_new_tokens}, eos ids {list(ctx.target.eos_token_ids)}",

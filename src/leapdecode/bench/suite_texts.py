@@ -82,6 +82,10 @@ MATH = [
     "Maria saves $15 in the first week, and each week after that she saves $5 more than the week before. How much has she saved in total after 8 weeks?",
 ]
 
+REWRITE = ("hey team, so the meeting got moved from tuesday to thursday at 3pm because the projector in room 4 is broken "
+           "again and facilities says they can't fix it before wednesday. bring your laptops, we'll use the big screen "
+           "in room 7 instead. also dont forget the budget numbers, sarah needs them by friday noon at the latest.")
+
 MT_BENCH = [
     ["Write a short blog post about a weekend trip to a seaside town, describing the food, the people and one unexpected moment.",
      "Now rewrite the same post as a four-line poem that rhymes."],

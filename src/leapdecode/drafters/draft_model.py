@@ -42,7 +42,7 @@ class DraftModelDrafter(Drafter):
             tokens.append(token)
             dists.append(q)
             if i + 1 < k:
-                logits = self.runner.forward([token])[-1]
+                logits = self.runner.forward([token], last_only=True)[-1]
                 self.fed.append(token)
         probs = torch.stack(dists) if dists and not self.sampling.greedy else None
         return Draft(tokens, probs)
@@ -59,6 +59,6 @@ class DraftModelDrafter(Drafter):
             return self.runner.prefill(context)
         common = min(common, len(context) - 1)  # at least one token must be fed to get logits
         self.runner.rollback(len(self.fed) - common)
-        logits = self.runner.forward(context[common:])[-1]
+        logits = self.runner.forward(context[common:], last_only=True)[-1]
         self.fed = list(context)
         return logits

@@ -1,0 +1,53 @@
+"""The draft-length controller picks k from measured acceptance and cost (synthetic timings, no model)."""
+from leapdecode.controller import DraftLengthController
+
+
+def feed(controller, steps, proposed, accepted, seconds_of):
+    for _ in range(steps):
+        k = proposed if proposed is not None else controller.next_k()
+        controller.update(k, min(accepted, k), k + 1, seconds_of(k + 1), 0.0)
+
+
+def test_waits_for_a_timed_plain_step_before_choosing():
+    c = DraftLengthController(k_init=4)
+    c.update(0, 0, 0, 0.0)  # the prefill step: nothing timed
+    assert c.next_k() == 4
+
+
+def test_flat_cost_and_full_acceptance_grow_to_k_max():
+    c = DraftLengthController(k_init=4, k_max=16)
+    feed(c, 1, 0, 0, lambda n: 0.05)
+    feed(c, 20, None, 99, lambda n: 0.05)
+    assert c.next_k() == 16
+
+
+def test_costly_verification_and_rejections_stop_drafting_then_retry():
+    c = DraftLengthController(k_init=4, k_max=8)
+    seconds = lambda n: 0.05 * n  # noqa: E731 - verification grows linearly: drafts must be accepted to pay
+    feed(c, 1, 0, 0, seconds)
+    feed(c, 10, 4, 0, seconds)
+    assert c.next_k() == 0
+    feed(c, 60, 0, 0, seconds)  # no drafting: acceptance decays back to the prior, drafting pays again in theory
+    assert c.acceptance > 0.55
+
+
+def test_draft_cost_shortens_drafts():
+    cheap, costly = DraftLengthController(k_max=16), DraftLengthController(k_max=16)
+    for c, draft_seconds in ((cheap, 0.0), (costly, 0.02)):
+        c.update(0, 0, 1, 0.05)
+        for _ in range(30):
+            k = max(c.next_k(), 1)
+            c.update(k, min(k, 4), k + 1, 0.05 + 0.002 * k, draft_seconds * k)
+    assert 0 < costly.next_k() < cheap.next_k()
+
+
+def test_fixed_draft_length():
+    c = DraftLengthController(k_init=3, adaptive=False)
+    feed(c, 10, 3, 0, lambda n: 0.05 * n)
+    assert c.next_k() == 3
+
+
+def test_cost_interpolates_between_measured_sizes():
+    c = DraftLengthController()
+    c.forward_seconds = {1: 1.0, 5: 3.0}
+    assert c.cost(3) == 2.0 and c.cost(9) == 3.0 and c.cost(1) == 1.0
