@@ -8,10 +8,14 @@ def feed(controller, steps, proposed, accepted, seconds_of):
         controller.update(k, min(accepted, k), k + 1, seconds_of(k + 1), 0.0)
 
 
-def test_waits_for_a_timed_plain_step_before_choosing():
+def test_times_a_plain_step_before_choosing():
     c = DraftLengthController(k_init=4)
     c.update(0, 0, 0, 0.0)  # the prefill step: nothing timed
     assert c.next_k() == 4
+    c.update(4, 4, 5, 0.05)
+    assert c.next_k() == 0   # one plain step, to learn what drafting competes with
+    c.update(0, 0, 1, 0.05)
+    assert c.next_k() == 16
 
 
 def test_flat_cost_and_full_acceptance_grow_to_k_max():

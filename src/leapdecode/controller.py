@@ -62,8 +62,10 @@ class DraftLengthController:
             per_token = draft_seconds / proposed
             self.draft_seconds = per_token if self.draft_seconds is None else (
                 COST_DECAY * self.draft_seconds + (1 - COST_DECAY) * per_token)
-        if 1 in self.forward_seconds:  # nothing to weigh drafts against until a plain step has been timed
+        if 1 in self.forward_seconds:
             self.k = self.best_k()
+        elif self.forward_seconds:  # time one plain step: drafts are weighed against it
+            self.k = 0
 
     def best_k(self) -> int:
         a, draft = self.acceptance, self.draft_seconds or 0.0
