@@ -38,8 +38,9 @@ def noisy_copy(model: torch.nn.Module, seed: int, noise: float) -> torch.nn.Modu
 
 @pytest.fixture(autouse=True)
 def one_thread_for_tiny_models(request):
-    """Tiny matrices run fastest on one thread; tests of real models (marked slow) keep all cores."""
-    if request.node.get_closest_marker("slow"):
+    """Tiny matrices run fastest on one thread (several threads on a busy machine are far slower); tests of real
+    models (marked slow, not tiny) keep all cores."""
+    if request.node.get_closest_marker("slow") and not request.node.get_closest_marker("tiny"):
         yield
         return
     threads = torch.get_num_threads()

@@ -55,3 +55,16 @@ def test_cost_interpolates_between_measured_sizes():
     c = DraftLengthController()
     c.forward_seconds = {1: 1.0, 5: 3.0}
     assert c.cost(3) == 2.0 and c.cost(9) == 3.0 and c.cost(1) == 1.0
+
+
+def test_plain_decoding_retries_a_draft_after_a_while():
+    from leapdecode.controller import REPROBE_STEPS
+
+    c = DraftLengthController(k_init=4, k_max=8)
+    c.update(0, 0, 1, 0.05)
+    c.update(4, 0, 5, 0.05, 10.0)  # one very slow, fully rejected draft: drafting looks hopeless
+    ks = []
+    for _ in range(REPROBE_STEPS + 1):
+        ks.append(c.next_k())
+        c.update(0, 0, 1, 0.05)
+    assert ks[0] == 0 and 4 in ks  # plain steps first, then one probe with k_init refreshes the estimates

@@ -43,7 +43,7 @@ def first_position_counts(p, q, draft_sampler, n, seed, accept=verify.speculativ
     counts: dict = {}
     for _ in range(n):
         draft = draft_sampler(gen)
-        token = accept(draft, None if q is None else q.expand(len(draft), -1), p, gen)[0]
+        token = accept(draft, None if q is None else q.expand(len(draft), -1), p, [gen] * (len(draft) + 1))[0]
         counts[token] = counts.get(token, 0) + 1
     return counts
 
@@ -65,9 +65,9 @@ def test_rule_preserves_target_distribution(deterministic_draft):
     counts = first_position_counts(p, q_used, sampler, n, seed=1)
     assert goodness_of_fit(counts, expected, n) > ALPHA
 
-    def accept_without_residual(draft, draft_probs, target_probs, generator):  # negative control: resample from p
-        out = verify.speculative_accept(draft, draft_probs, target_probs, generator)
-        return out if len(out) > 1 else [int(torch.multinomial(target_probs[0], 1, generator=generator))]
+    def accept_without_residual(draft, draft_probs, target_probs, generators):  # negative control: resample from p
+        out = verify.speculative_accept(draft, draft_probs, target_probs, generators)
+        return out if len(out) > 1 else [int(torch.multinomial(target_probs[0], 1, generator=generators[0]))]
 
     wrong = first_position_counts(p, q_used, sampler, n, seed=1, accept=accept_without_residual)
     assert goodness_of_fit(wrong, expected, n) < ALPHA
@@ -91,8 +91,8 @@ def exact_sequence_probs(model, prompt, steps, cfg) -> dict:
 
 @pytest.mark.parametrize("drafter_name,cfg", [
     ("draft-model", SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)),
-    pytest.param("draft-model", SamplingConfig(temperature=1.0), marks=pytest.mark.slow),
-    pytest.param("prompt-lookup", SamplingConfig(temperature=1.2), marks=pytest.mark.slow),
+    pytest.param("draft-model", SamplingConfig(temperature=1.0), marks=[pytest.mark.slow, pytest.mark.tiny]),
+    pytest.param("prompt-lookup", SamplingConfig(temperature=1.2), marks=[pytest.mark.slow, pytest.mark.tiny]),
 ])
 def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
     """Three generated tokens: the first from prefill, the next two through draft + verification."""
@@ -118,8 +118,9 @@ def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
     assert goodness_of_fit(sample_counts(False), exact, n) > ALPHA
     original = verify.speculative_accept
 
-    def accept_everything(draft_tokens, draft_probs, target_probs, generator):  # negative control
-        return draft_tokens.tolist() + [int(torch.multinomial(target_probs[len(draft_tokens)], 1, generator=generator))]
+    def accept_everything(draft_tokens, draft_probs, target_probs, generators):  # negative control
+        k = len(draft_tokens)
+        return draft_tokens.tolist() + [int(torch.multinomial(target_probs[k], 1, generator=generators[k]))]
 
     import leapdecode.decode as decode_module
 
@@ -129,3 +130,23 @@ def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
     finally:
         decode_module.speculative_accept = original
     assert goodness_of_fit(wrong, exact, n) < ALPHA
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_seeded_sampling_is_the_same_for_every_model_free_drafter_and_draft_length(seed):
+    """Each output position draws from its own seeded stream, so a model-free drafter (q one-hot) changes how many
+    forwards a seeded sample takes, never which tokens it is: plain sampling's tokens, whatever k is chosen."""
+    target = tiny_model("qwen2", seed=5, head_scale=1.5)
+    prompt = [7, 8, 9, 7, 8, 9, 7, 8]
+    cfg = SamplingConfig(temperature=0.9, top_k=20, top_p=0.95, seed=seed)
+
+    def sample(name: str, k: int, adaptive: bool) -> list[int]:
+        out, _ = decode(Runner(target), prompt, make_drafter(name), sampling=cfg,
+                        controller=DraftLengthController(k_init=k, k_max=8, adaptive=adaptive), max_new_tokens=24,
+                        eos_ids=set(), context_length=128)
+        return out
+
+    plain = sample("none", 1, False)
+    for name, k, adaptive in (("prompt-lookup", 3, False), ("prompt-lookup", 8, True), ("ngram", 5, False)):
+        assert sample(name, k, adaptive) == plain, (name, k, adaptive)
+    assert sample("none", 1, False) == plain  # and the same seed gives the same tokens again

@@ -4,8 +4,9 @@ A step with k draft tokens yields 1 + a + a^2 + ... + a^k new tokens in expectat
 and costs one target forward over k + 1 tokens plus k draft tokens. Both are measured online, so the choice follows
 the machine: on a CPU where verifying 8 tokens costs little more than verifying 2, drafts grow long; where drafting
 does not pay (low acceptance, costly verification), k = 0 and the step is plain decoding. The acceptance estimate
-decays towards its prior while nothing is drafted, so drafting is retried later. The choice of k never changes the
-output: greedy output stays that of plain greedy decoding for any k.
+decays towards its prior while nothing is drafted, and after REPROBE_STEPS plain steps one draft of k_init is tried, so
+stale estimates get refreshed. The choice of k never changes the output: greedy output stays that of plain greedy
+decoding for any k.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ PRIOR_ACCEPTANCE = 0.6   # a before any evidence ...
 PRIOR_WEIGHT = 2.0       # ... worth this many observed draft tokens
 DECAY = 0.9              # per step, for the acceptance counts
 COST_DECAY = 0.7         # weight of the old estimate in each per-size cost average
+REPROBE_STEPS = 32       # plain steps in a row before one draft is tried again
 
 
 @dataclass
@@ -32,6 +34,7 @@ class DraftLengthController:
     rejected: float = field(default=0.0, init=False)   # decayed count of rejections (at most one per step)
     forward_seconds: dict[int, float] = field(default_factory=dict, init=False)  # tokens fed -> seconds
     draft_seconds: float | None = field(default=None, init=False)                 # per draft token
+    plain_steps: int = field(default=0, init=False)                               # k = 0 steps in a row
 
     def __post_init__(self) -> None:
         require(1 <= self.k_min <= self.k_init <= self.k_max,
@@ -62,10 +65,14 @@ class DraftLengthController:
             per_token = draft_seconds / proposed
             self.draft_seconds = per_token if self.draft_seconds is None else (
                 COST_DECAY * self.draft_seconds + (1 - COST_DECAY) * per_token)
-        if 1 in self.forward_seconds:
-            self.k = self.best_k()
-        elif self.forward_seconds:  # time one plain step: drafts are weighed against it
-            self.k = 0
+        if 1 not in self.forward_seconds:
+            if self.forward_seconds:  # time one plain step: drafts are weighed against it
+                self.k = 0
+            return
+        self.k = self.best_k()
+        self.plain_steps = self.plain_steps + 1 if self.k == 0 else 0
+        if self.plain_steps >= REPROBE_STEPS:  # estimates made while drafting may be stale: try once more
+            self.k, self.plain_steps = self.k_init, 0
 
     def best_k(self) -> int:
         a, draft = self.acceptance, self.draft_seconds or 0.0

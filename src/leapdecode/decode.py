@@ -6,6 +6,7 @@ observes the new tokens, and the controller picks the next k.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -14,7 +15,7 @@ import torch
 from .controller import DraftLengthController
 from .drafters.base import Draft, Drafter
 from .runner import Runner
-from .sampling import SamplingConfig, probabilities
+from .sampling import SamplingConfig, generator_at, probabilities
 from .stats import GenerationStats
 from .verify import greedy_accept, speculative_accept
 
@@ -33,7 +34,8 @@ def decode(
 ) -> tuple[list[int], GenerationStats]:
     """Generate up to max_new_tokens after prompt_ids; stop at EOS (kept) exactly where plain decoding would."""
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
-    generator = None if sampling.greedy else sampling.generator()
+    if not sampling.greedy:  # one seed for the whole request, drawn now if none was given
+        sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
     start = time.perf_counter()
     drafter.start(prompt_ids, sampling)
     first_logits = runner.prefill(prompt_ids)
@@ -43,7 +45,7 @@ def decode(
     logits = first_logits[None]
     fed, forward_seconds, draft_seconds = 0, 0.0, 0.0  # the prefill is not a decode step: nothing to time
     while True:
-        new = _verify(draft, logits, sampling, generator)
+        new = _verify(draft, logits, sampling, len(out))
         accepted = len(new) - 1
         runner.rollback(len(draft.tokens) - accepted)
         controller.update(len(draft.tokens), accepted, fed, forward_seconds, draft_seconds)
@@ -75,13 +77,15 @@ def decode(
     return out, stats
 
 
-def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> list[int]:
+def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, done: int) -> list[int]:
+    """New tokens of this step; `done` tokens were generated before it (row i decides output position done + i)."""
     tokens = torch.tensor(draft.tokens, dtype=torch.long)
     if sampling.greedy:
         return greedy_accept(tokens, logits)
     target_probs = probabilities(logits, sampling)
     draft_probs = None if draft.probs is None else _match_vocab(draft.probs, target_probs.shape[-1])
-    return speculative_accept(tokens, draft_probs, target_probs, generator)
+    generators = [generator_at(sampling.seed, done + i) for i in range(len(draft.tokens) + 1)]
+    return speculative_accept(tokens, draft_probs, target_probs, generators)
 
 
 def _match_vocab(probs: torch.Tensor, vocab: int) -> torch.Tensor:

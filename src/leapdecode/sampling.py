@@ -1,6 +1,7 @@
 """Sampling settings and the target distribution they induce (temperature, top-k, top-p), as HF applies them."""
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import torch
@@ -26,11 +27,15 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self, stream: int = 0) -> torch.Generator:
-        """A fresh generator for this request; distinct `stream`s (target, drafter) draw independent numbers."""
-        gen = torch.Generator()
-        gen.manual_seed((self.seed if self.seed is not None else torch.seed()) * 1_000_003 + stream)
-        return gen
+    def request_seed(self) -> int:
+        """The seed of one request: `seed`, or a fresh random one."""
+        return self.seed if self.seed is not None else secrets.randbits(62)
+
+
+def generator_at(seed: int, position: int, stream: int = 0) -> torch.Generator:
+    """The randomness of output position `position` of a request (`stream` 1 is the drafter's). Keyed by position,
+    not drawn in sequence, so the draws that decide a token do not depend on how many tokens were drafted before."""
+    return torch.Generator().manual_seed(hash((seed, position, stream)) & (2**63 - 1))
 
 
 def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -4,6 +4,8 @@ Both return the list of new tokens for this step: the accepted draft prefix foll
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
@@ -23,32 +25,38 @@ def speculative_accept(
     draft: torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
-    generator: torch.Generator,
+    generators: Sequence[torch.Generator],
 ) -> list[int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): the output follows the target distribution exactly.
 
     Accept draft[i] with probability min(1, p_i(x)/q_i(x)); at the first rejection draw from the normalised residual
-    max(p_i - q_i, 0); if all k are accepted draw one more token from p_k. draft_probs=None means a deterministic
-    drafter (q is one-hot on the drafted token), for which the rule reduces to accepting x with probability p_i(x).
+    max(p_i - q_i, 0); if all k are accepted draw one more token from p_k. Row i draws only from generators[i]
+    (one per output position, see `sampling.generator_at`).
+
+    draft_probs=None means a deterministic drafter (q is one-hot on the drafted token): then the rule is to accept x
+    with probability p_i(x), else draw from p_i without x. It is realised as "draw y_i from p_i; accept while
+    y_i == draft[i]; emit the first differing y_i" — the same law, and each emitted token is exactly the one plain
+    sampling draws at that position, so seeded output does not depend on the draft length.
     """
     k = draft.shape[0]
-    rows = torch.arange(k)
-    p_x = target_probs[rows, draft]
-    q_x = draft_probs[rows, draft] if draft_probs is not None else torch.ones(k)
-    u = torch.rand(k, generator=generator)
-    accepted = (u * q_x < p_x).int().cumprod(0)
-    n = int(accepted.sum())
-    if n == k:
-        return draft.tolist() + [_sample(target_probs[k], generator)]
-    if draft_probs is not None:
-        residual = (target_probs[n] - draft_probs[n]).clamp_min(0)
-    else:
-        residual = target_probs[n].clone()
-        residual[draft[n]] = 0
-    if residual.sum() <= 0:  # p == q up to rounding: rejection had probability ~0, fall back to p
-        residual = target_probs[n]
-    return draft[:n].tolist() + [_sample(residual, generator)]
+    tokens = draft.tolist()
+    for i in range(k):
+        if draft_probs is None:
+            y = _sample(target_probs[i], generators[i])
+            if y != tokens[i]:
+                return tokens[:i] + [y]
+            continue
+        p_x, q_x = target_probs[i, tokens[i]], draft_probs[i, tokens[i]]
+        if torch.rand((), generator=generators[i]) * q_x < p_x:
+            continue
+        residual = (target_probs[i] - draft_probs[i]).clamp_min(0)
+        if residual.sum() <= 0:  # p == q up to rounding: rejection had probability ~0, fall back to p
+            residual = target_probs[i]
+        return tokens[:i] + [_sample(residual, generators[i])]
+    return tokens + [_sample(target_probs[k], generators[k])]
 
 
 def _sample(weights: torch.Tensor, generator: torch.Generator) -> int:
-    return int(torch.multinomial(weights / weights.sum(), 1, generator=generator))
+    """One draw from the (unnormalised) weights, by the Gumbel-max trick: argmax(log w - log E), E ~ Exp(1)."""
+    noise = torch.empty_like(weights, dtype=torch.float32).exponential_(generator=generator)
+    return int((weights.float().log() - noise.log()).argmax())

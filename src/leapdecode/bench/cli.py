@@ -107,7 +107,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--per-category", type=int, help="only the first N questions of each category")
     p.add_argument("--max-new-tokens", type=int, help="default: 32 for quick, 128 otherwise")
     p.add_argument("--repeats", type=int, help="timed runs per method and turn (median); default: 1 quick, 3 otherwise")
-    p.add_argument("--draft-lengths", default="2,4,8", help="fixed draft lengths for the oracle and --sweep methods")
+    p.add_argument("--draft-lengths", default="4,8,16", help="fixed draft lengths for the oracle and --sweep methods")
     p.add_argument("--sweep", help=f"methods also run at each --draft-lengths value, from {', '.join(SWEEPABLE[:-1])}")
     p.add_argument("--draft-length", type=int, default=4, help="initial draft length of the adaptive drafters")
     p.add_argument("--max-draft-length", type=int, default=16)

@@ -20,7 +20,7 @@ class BenchConfig:
     methods: list[str]
     max_new_tokens: int = 128
     repeats: int = 3
-    draft_lengths: list[int] = field(default_factory=lambda: [2, 4, 8])
+    draft_lengths: list[int] = field(default_factory=lambda: [4, 8, 16])
     sweep: list[str] = field(default_factory=list)  # methods also run at each fixed draft length (oracle always is)
     warmup: bool = True
     draft_length: int = 4        # leapdecode's initial k for the adaptive (default) variants

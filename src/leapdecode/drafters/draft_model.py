@@ -9,7 +9,7 @@ import torch
 
 from ..errors import require
 from ..runner import Runner
-from ..sampling import SamplingConfig, probabilities
+from ..sampling import SamplingConfig, generator_at, probabilities
 from .base import Draft, Drafter
 
 
@@ -25,9 +25,11 @@ class DraftModelDrafter(Drafter):
         self.generator: torch.Generator | None = None
 
     def start(self, prompt_ids: list[int], sampling: SamplingConfig) -> None:
+        """Prefill the prompt here, so that the time of each draft (which the controller weighs) is drafting only."""
         self.sampling = sampling
-        self.generator = None if sampling.greedy else sampling.generator(stream=1)
-        self.fed = []
+        self.generator = None if sampling.greedy else generator_at(sampling.seed, 0, stream=1)
+        self.runner.prefill(prompt_ids)
+        self.fed = list(prompt_ids)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int) -> Draft:
