@@ -58,7 +58,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 def default_settings(filter_model: PositionFilter | None, gen_len: int = GEN_LEN) -> list[Setting]:
     s = [Setting("fixed_steps", f"fixed_steps k={k}", lambda k=k: FixedStepsDecoder(steps=gen_len // k))
-         for k in (1, 2, 4, 8)]
+         for k in (1, 2, 4, 8, 16)]
     s += [Setting("threshold", f"threshold {t:g}", lambda t=t: ThresholdDecoder(t)) for t in (0.95, 0.9, 0.7, 0.5)]
     s += [Setting("threshold+eotp", f"threshold+eotp {t:g}", lambda t=t: ThresholdDecoder(t), eotp=True)
           for t in (0.95, 0.9, 0.7, 0.5)]
@@ -160,11 +160,57 @@ def markdown(report: dict) -> str:
     for fam, f in report["families"].items():
         lines.append(f"| {fam} | " + " | ".join(f"{f['aup_per_task'][t]:.0f}" for t in tasks)
                      + f" | {f['aup_mean_over_tasks']:.0f} |")
+    lines += parallelism_cost(report)
     for key, title in (("accuracy", "Accuracy % per task"), ("nfe", "NFE per task")):
         lines += ["", f"{title}:", "", "| decoder | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks)]
         for label, v in s.items():
             lines.append(f"| {label} | " + " | ".join(f"{v['per_task'][t][key]:.1f}" for t in tasks) + " |")
     return "\n".join(lines) + "\n"
+
+
+def headline(report: dict) -> dict:
+    """Against the reference (one token per forward): for Learn2PD+EoTP and the threshold decoders, the setting with
+    the fewest forwards whose mean accuracy is within 1 point of the reference, and each one's speedup."""
+    s = report["settings"]
+    ref_label = next(iter(s))
+    ref = s[ref_label]
+    out = {"reference": {"label": ref_label, "accuracy": ref["accuracy"], "nfe": ref["nfe"]}}
+    for fam in ("learn2pd+eotp", "threshold", "threshold+eotp"):
+        ok = [(v["nfe"], label) for label, v in s.items()
+              if v["family"] == fam and v["accuracy"] >= ref["accuracy"] - 1.0]
+        if ok:
+            nfe, label = min(ok)
+            out[fam] = {"label": label, "accuracy": s[label]["accuracy"], "nfe": nfe, "speedup": ref["nfe"] / nfe}
+        else:
+            out[fam] = None
+    return out
+
+
+def parallelism_cost(report: dict) -> list[str]:
+    """Markdown: per task, accuracy of one token per forward against naive many-tokens-per-forward settings."""
+    tasks, s = report["tasks"], report["settings"]
+    multi = set(report["multi_answer_tasks"])
+    naive = [label for label, v in s.items() if v["family"] == "fixed_steps" or label in ("threshold 0.5",)]
+    cols = [f"{t}{' *' if t in multi else ''}" for t in tasks]
+    lines = ["", "Naive parallel decoding, per task (accuracy %; `fixed_steps k=K` commits K tokens per forward, the K "
+             "most confident; * = several valid answers whose tokens must agree; last columns: mean over the "
+             "multi-answer tasks and over all tasks):", "",
+             "| decoder | NFE | " + " | ".join(cols) + " | multi-answer | all |", "|---|---:|" + "---:|" * (len(tasks) + 2)]
+    for label in naive:
+        v = s[label]
+        pt = v["per_task"]
+        m = [pt[t]["accuracy"] for t in tasks if t in multi]
+        lines.append(f"| {label} | {v['nfe']:.1f} | " + " | ".join(f"{pt[t]['accuracy']:.0f}" for t in tasks)
+                     + f" | {sum(m) / len(m) if m else float('nan'):.1f} | {v['accuracy']:.1f} |")
+    h = headline(report)
+    ref = h["reference"]
+    lines += ["", f"Headline: the reference ({ref['label']}) reaches {ref['accuracy']:.1f} % in {ref['nfe']:.2f} "
+              "forwards (mean over tasks)."]
+    for fam in ("learn2pd+eotp", "threshold", "threshold+eotp"):
+        r = h[fam]
+        lines.append(f"- {fam}: " + ("no setting within 1 point of the reference" if r is None else
+                     f"`{r['label']}` {r['accuracy']:.1f} % in {r['nfe']:.2f} forwards ({r['speedup']:.1f}x fewer)"))
+    return lines
 
 
 def plot(report: dict, path: Path) -> None:

@@ -39,8 +39,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       hidden_size=args.hidden_size, layers=args.layers, heads=args.heads, seed=args.seed,
                       threads=args.threads, max_minutes=args.max_minutes, tasks=_tasks(args.tasks) or [],
-                      init_from=args.init_from, task_weights=_weights(args.task_weights))
-    train(cfg)
+                      init_from=args.init_from, task_weights=_weights(args.task_weights), loss=args.loss,
+                      eval_per_task=args.eval_per_task)
+    train(cfg, command=" ".join(["leapdecode", *sys.argv[1:]]))
     return 0
 
 
@@ -115,20 +116,27 @@ def register(subparsers) -> argparse.ArgumentParser:
     sub = dllm.add_subparsers(dest="dllm_command", required=True)
     model_help = "model directory (default: the checkpoint shipped with leapdecode)"
 
+    from .train import TASK_WEIGHTS, TrainConfig
+
+    d = TrainConfig(out="-")  # the CLI defaults are TrainConfig's: what the shipped checkpoint was trained with
     p = sub.add_parser("train", help="train the small masked-diffusion model on the generated tasks (CPU)")
     p.add_argument("--out", required=True, help="directory to save the model to")
-    p.add_argument("--steps", type=int, default=3200)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1.5e-3)
-    p.add_argument("--hidden-size", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-minutes", type=float, default=28.0, help="stop (and save) after this long")
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (the lr schedule spans them)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--hidden-size", type=int, default=d.hidden_size)
+    p.add_argument("--layers", type=int, default=d.layers)
+    p.add_argument("--heads", type=int, default=d.heads)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--max-minutes", type=float, default=d.max_minutes, help="stop (and save) after this long")
+    p.add_argument("--loss", choices=["elbo", "tokens"], default=d.loss,
+                   help="elbo: LLaDA's 1/t-weighted loss; tokens: mean CE over masked tokens")
+    p.add_argument("--eval-per-task", type=int, default=d.eval_per_task,
+                   help="held-out prompts per task for the accuracy check after training (0: skip)")
     p.add_argument("--tasks", help="comma-separated subset of tasks (default: all)")
-    p.add_argument("--task-weights", help="sampling weights, e.g. 'add=2,pick3=1.5' (others 1; default add=2,"
-                   "lookup=1.5,pair=1.5)")
+    p.add_argument("--task-weights", help="sampling weights, e.g. 'add=2,pick3=1.5' (others 1; default "
+                   + ",".join(f"{k}={v:g}" for k, v in TASK_WEIGHTS.items()) + ")")
     p.add_argument("--init-from", help="continue training this saved model (same tasks and vocabulary)")
     p.set_defaults(func=cmd_train)
 

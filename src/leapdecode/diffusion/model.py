@@ -26,7 +26,7 @@ class MaskedDiffusionConfig(PretrainedConfig):
     def __init__(self, vocab_size: int = 50, hidden_size: int = 128, intermediate_size: int = 384,
                  num_hidden_layers: int = 4, num_attention_heads: int = 4, max_position_embeddings: int = 64,
                  mask_token_id: int = 1, pad_token_id: int = 0, eos_token_id: int = 2, rope_theta: float = 10000.0,
-                 rms_norm_eps: float = 1e-5, **kwargs) -> None:
+                 rms_norm_eps: float = 1e-5, absolute_positions: bool = False, **kwargs) -> None:
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -36,6 +36,7 @@ class MaskedDiffusionConfig(PretrainedConfig):
         self.mask_token_id = mask_token_id
         self.rope_theta = rope_theta
         self.rms_norm_eps = rms_norm_eps
+        self.absolute_positions = absolute_positions  # learned absolute position embeddings on top of RoPE
         super().__init__(pad_token_id=pad_token_id, eos_token_id=eos_token_id, **kwargs)
 
     def llama_config(self) -> LlamaConfig:
@@ -60,6 +61,10 @@ class MaskedDiffusionLM(PreTrainedModel):
         super().__init__(config)
         lcfg = config.llama_config()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # the task layouts are fixed (answer region at a fixed column), so absolute positions make the positional
+        # lookups (copy column j of the prompt into answer column i) direct to learn
+        self.embed_positions = (nn.Embedding(config.max_position_embeddings, config.hidden_size)
+                                if getattr(config, "absolute_positions", False) else None)
         self.layers = nn.ModuleList(LlamaDecoderLayer(lcfg, i) for i in range(config.num_hidden_layers))
         for layer in self.layers:
             layer.self_attn.is_causal = False  # bidirectional: the one change that makes it a diffusion LM
@@ -83,6 +88,8 @@ class MaskedDiffusionLM(PreTrainedModel):
                 f"canvas of {input_ids.shape[1]} tokens exceeds the model's {self.config.max_position_embeddings}")
         h = self.embed_tokens(input_ids)
         pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand(input_ids.shape[0], -1)
+        if self.embed_positions is not None:
+            h = h + self.embed_positions(pos)
         rope = self.rotary(h, pos)
         for layer in self.layers:
             h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=rope, is_causal=False)
@@ -90,15 +97,27 @@ class MaskedDiffusionLM(PreTrainedModel):
 
 
 def masked_diffusion_loss(model: MaskedDiffusionLM, tokens: torch.LongTensor, answer_mask: torch.BoolTensor,
-                          generator: torch.Generator | None = None, eps: float = 1e-3) -> torch.Tensor:
-    """LLaDA's SFT objective: mask answer tokens with prob t ~ U(eps, 1]; CE on masked tokens weighted by 1/t,
-    normalised by the answer length of each sequence."""
+                          generator: torch.Generator | None = None, eps: float = 1e-3, weighting: str = "elbo",
+                          stratified: bool = False) -> torch.Tensor:
+    """LLaDA's SFT objective: mask answer tokens with prob t ~ U(eps, 1]; CE on masked tokens.
+
+    weighting "elbo": weighted by 1/t and normalised by each sequence's answer length (LLaDA; an upper bound on the
+    NLL). weighting "tokens": the plain mean CE over all masked tokens of the batch (no 1/t; lower-variance
+    gradients). stratified: one t per stratum of [eps, 1] (t_i = (i + u_i) / B, shuffled) instead of i.i.d. t, so every
+    batch covers all masking rates."""
+    require(weighting in ("elbo", "tokens"), f"unknown loss weighting {weighting!r} (elbo or tokens)")
     b = tokens.shape[0]
-    t = eps + (1 - eps) * torch.rand(b, 1, generator=generator)
+    u = torch.rand(b, 1, generator=generator)
+    if stratified:
+        perm = torch.randperm(b, generator=generator).unsqueeze(1)
+        u = (perm + u) / b
+    t = eps + (1 - eps) * u
     masked = (torch.rand(tokens.shape, generator=generator) < t) & answer_mask
     noisy = torch.where(masked, torch.full_like(tokens, model.config.mask_token_id), tokens)
     logits = model(noisy)
     ce = nn.functional.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")
+    if weighting == "tokens":
+        return (ce * masked).sum() / masked.sum().clamp(min=1)
     per_seq = (ce * masked / t).sum(1) / answer_mask.sum(1).clamp(min=1)
     return per_seq.mean()
 

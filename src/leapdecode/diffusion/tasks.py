@@ -102,13 +102,15 @@ def _sort(rng):
 
 
 def _add(rng):
+    # the sum is written with 5 digits (leading zero when < 10000), so answer digit i always sits in the same column
+    # relative to the operands' digits: the model has to learn carries, not where the answer starts
     a, b = rng.randint(1000, 9999), rng.randint(1000, 9999)
-    return f"add {a}+{b}", str(a + b)
+    return f"add {a}+{b}", f"{a + b:05d}"
 
 
 def _add_check(prompt, out):
     a, b = _payload(prompt).split("+")
-    return out == str(int(a) + int(b))
+    return out.isdigit() and int(out) == int(a) + int(b)
 
 
 def _lookup(rng):
