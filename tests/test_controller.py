@@ -62,9 +62,20 @@ def test_plain_decoding_retries_a_draft_after_a_while():
 
     c = DraftLengthController(k_init=4, k_max=8)
     c.update(0, 0, 1, 0.05)
-    c.update(4, 0, 5, 0.05, 10.0)  # one very slow, fully rejected draft: drafting looks hopeless
+    c.update(4, 0, 5, 0.05, 10.0)  # after a plain step: catch-up included, not timed
+    c.update(4, 0, 5, 0.05, 10.0)  # very slow, fully rejected drafts: drafting looks hopeless
     ks = []
     for _ in range(REPROBE_STEPS + 1):
         ks.append(c.next_k())
         c.update(0, 0, 1, 0.05)
     assert ks[0] == 0 and 4 in ks  # plain steps first, then one probe with k_init refreshes the estimates
+
+
+def test_a_draft_after_plain_steps_is_not_timed():
+    """Its time includes the draft model's catch-up over the tokens it missed, which says nothing of a draft token."""
+    c = DraftLengthController(k_init=4)
+    c.update(0, 0, 1, 0.05)
+    c.update(4, 4, 5, 0.06, 2.0)   # catch-up of a long plain stretch
+    assert c.draft_seconds is None
+    c.update(4, 4, 5, 0.06, 0.04)  # a draft that follows a draft: 10 ms per token
+    assert c.draft_seconds == 0.01

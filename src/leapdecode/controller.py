@@ -35,6 +35,7 @@ class DraftLengthController:
     forward_seconds: dict[int, float] = field(default_factory=dict, init=False)  # tokens fed -> seconds
     draft_seconds: float | None = field(default=None, init=False)                 # per draft token
     plain_steps: int = field(default=0, init=False)                               # k = 0 steps in a row
+    drafted_last: bool = field(default=False, init=False)                         # the previous step drafted
 
     def __post_init__(self) -> None:
         require(1 <= self.k_min <= self.k_init <= self.k_max,
@@ -61,7 +62,10 @@ class DraftLengthController:
             old = self.forward_seconds.get(forward_tokens)
             self.forward_seconds[forward_tokens] = forward_seconds if old is None else (
                 COST_DECAY * old + (1 - COST_DECAY) * forward_seconds)
-        if proposed > 0:
+        # a draft right after plain steps includes the drafter's catch-up (a draft model feeds every token it
+        # missed in one forward): not a per-token cost, so only drafts that follow drafts are timed
+        timed, self.drafted_last = proposed > 0 and self.drafted_last, proposed > 0
+        if timed:
             per_token = draft_seconds / proposed
             self.draft_seconds = per_token if self.draft_seconds is None else (
                 COST_DECAY * self.draft_seconds + (1 - COST_DECAY) * per_token)
