@@ -187,3 +187,11 @@ def test_cli_quick_smollm2(tmp_path):
     assert bench_main(["bench", "--model", "smollm2-135m", "--suite", "quick", "--max-new-tokens", "8",
                        "--no-progress", "--out", str(out)]) == 0
     assert (out / "results.json").exists() and (out / "report.md").exists()
+
+
+def test_tie_margin_follows_the_dtype():
+    """bf16 logits near 20 are 0.125 apart: a 0.125 margin is a rounding tie in bf16, a real gap in fp32."""
+    import torch
+
+    assert bench_methods.tie_margin(20.0, torch.bfloat16) > 0.125
+    assert bench_methods.tie_margin(20.0, torch.float32) == 0.01

@@ -168,12 +168,21 @@ def divergence(ctx: BenchContext, prompt_ids: list[int], reference: list[int], t
     if pos is None:
         return {}
     ids = torch.tensor([prompt_ids + reference[:pos]], dtype=torch.long)
-    logits = ctx.target.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+    raw = ctx.target.model(input_ids=ids, logits_to_keep=1).logits[0, -1]
+    logits = raw.float()
     top = torch.topk(logits, 2)
     info = {"position": pos, "top1": int(top.indices[0]), "top2": int(top.indices[1]),
             "top2_margin": round(float(top.values[0] - top.values[1]), 6),
+            "tie_margin": round(tie_margin(float(top.values[0]), raw.dtype), 6),
             "reference_token": reference[pos] if pos < len(reference) else None,
             "method_token": tokens[pos] if pos < len(tokens) else None}
     if info["reference_token"] is not None and info["method_token"] is not None:
         info["logit_gap"] = round(float(logits[info["reference_token"]] - logits[info["method_token"]]), 6)
     return info
+
+
+def tie_margin(top_logit: float, dtype: torch.dtype) -> float:
+    """The top-2 margin under which two logits count as tied: a k-token forward and k one-token forwards round
+    differently, by up to a few units in the last place of the logit in the model's dtype (bf16 logits near 20 are
+    0.125 apart), and never less than 0.01 (fp32 kernels accumulate in different orders)."""
+    return max(0.01, 4 * torch.finfo(dtype).eps * abs(top_logit))

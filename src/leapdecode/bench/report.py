@@ -10,7 +10,6 @@ from collections import defaultdict
 
 from .suites import CATEGORY_TITLES
 
-TIE_MARGIN = 0.01  # a top-2 logit margin below this at the first difference reads as a floating-point tie
 
 
 def medians(records: list[dict]) -> dict[tuple, dict]:
@@ -107,8 +106,9 @@ def _mismatch_section(run: dict, summary: dict) -> list[str]:
     lines = ["## ❌❌ MISMATCH: OUTPUTS DIFFER FROM GREEDY ❌❌", "",
              f"**{len(bad)} of {summary['outputs']} outputs are not token for token the greedy reference.** Every "
              "method here is meant to be lossless. The first difference of each (question, turn, method) with the "
-             f"target's top-2 logit margin there (a margin under {TIE_MARGIN} reads as a floating-point tie between "
-             "two near-equal logits; a larger one is a bug):", "",
+             "target's top-2 logit margin there (a margin within a few units in the last place of the logit in the "
+             "model's dtype, and at least 0.01, reads as a floating-point tie between two near-equal logits; a larger "
+             "one is a bug):", "",
              "| method | question | turn | repeats differing | first differing token | top-2 margin | verdict |",
              "|---|---|---:|---:|---:|---:|---|"]
     counts: dict[tuple, int] = defaultdict(int)
@@ -121,7 +121,7 @@ def _mismatch_section(run: dict, summary: dict) -> list[str]:
     for key, n in counts.items():
         d = first.get(key, {})
         margin = d.get("top2_margin")
-        verdict = "–" if margin is None else ("numerical tie" if margin < TIE_MARGIN else "**LIKELY BUG**")
+        verdict = "–" if margin is None else ("numerical tie" if margin <= d["tie_margin"] else "**LIKELY BUG**")
         lines.append(f"| {key[0]} | {key[1]} | {key[2] + 1} | {n} | {d.get('position', '–')} | "
                      f"{_fmt(margin, '.4g')} | {verdict} |")
     return lines + [""]
