@@ -7,11 +7,11 @@ import os
 import sys
 
 from .errors import LeapDecodeError
+from .models.registry import DEFAULT_MODEL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail at once instead of retrying for ~50 s
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-DEFAULT_MODEL = "smollm2-135m"
 
 
 def _int(text: str) -> int:

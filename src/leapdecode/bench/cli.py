@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import LeapDecodeError, require
+from ..models.registry import DEFAULT_MODEL
 from .methods import METHODS, NEEDS_DRAFT_MODEL, SWEEPABLE, parse_methods
 
 DEFAULTS = {"quick": {"max_new_tokens": 32, "repeats": 1}, "other": {"max_new_tokens": 128, "repeats": 3}}
@@ -99,7 +100,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="benchmark decoding methods (tokens/s, speedup, acceptance, losslessness)",
                               description="Measure decoding methods on a suite in the Spec-Bench question format; "
                                           "write results.json, report.md and PNG plots to --out.")
-    p.add_argument("--model", required=True, help="target model: packaged name, directory, .gguf or cached hub id")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"target model: packaged name, directory, .gguf or cached hub id (default: {DEFAULT_MODEL})")
     p.add_argument("--draft-model", help="draft model for hf-assisted and draft-model (same tokenizer)")
     p.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)} (default: all that apply)")
     p.add_argument("--suite", default="quick", help="quick | dev | PATH.jsonl (Spec-Bench question format)")

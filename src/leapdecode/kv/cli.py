@@ -8,6 +8,7 @@ import argparse
 import pathlib
 
 from ..errors import require
+from ..models.registry import DEFAULT_MODEL
 
 
 def _list(kind):
@@ -42,7 +43,7 @@ def cmd_bench_kv(args: argparse.Namespace) -> int:
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench-kv", help="KV presses vs the full cache: prefill time, decode tok/s, KV bytes, "
                                                 "needle accuracy and greedy agreement on long prompts")
-    p.add_argument("--model", default="smollm2-135m", help="model name or path (default: smollm2-135m)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or path (default: {DEFAULT_MODEL})")
     p.add_argument("--presses", default=None,
                    help="comma-separated presses, each NAME or NAME:key=value:... (e.g. fastkv:tsp_layer=9); "
                         "default: all of streaming-llm, snapkv, quantized, fastkv")
