@@ -108,6 +108,7 @@ def generate(
     max_draft_length: int = 16,
     adaptive_draft_length: bool = True,
     kv_press=None,
+    packed_weights: bool = True,
     drafter_options: dict | None = None,
     stream: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
@@ -116,6 +117,8 @@ def generate(
     Greedy (temperature 0) output is token for token that of plain greedy decoding; with temperature > 0 the output
     follows the same distribution as plain sampling. `stream` receives each step's new token ids. A draft model given
     by name loads in `draft_dtype` (bfloat16 by default: the draft's precision changes speed, never the output).
+    `packed_weights=False` runs the target's linear layers through HF's own `F.linear` instead of pre-packed weights
+    (same numbers in bf16; in fp32 they round differently, as any two GEMMs do).
     """
     require(isinstance(max_new_tokens, int) and max_new_tokens > 0, f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -129,7 +132,7 @@ def generate(
     if kv_press is not None:
         kv_press.check(target.model)
     chosen = build_drafter(drafter, target, draft_model, draft_dtype, **(drafter_options or {}))
-    runner = Runner(target.model, press=kv_press)
+    runner = Runner(target.model, press=kv_press, packed_weights=packed_weights)
     tokens, stats = decode(runner, prompt_ids, chosen, sampling=sampling, controller=controller,
                            max_new_tokens=max_new_tokens, eos_ids=set(target.eos_token_ids), context_length=context,
                            on_tokens=stream)

@@ -42,6 +42,7 @@ def add_generate(sub) -> None:
     p.add_argument("--kv-press", help="compress the prompt's KV cache: " + _press_names())
     p.add_argument("--kv-budget", type=float, default=1.0, help="fraction of the prompt's KV entries to keep (0, 1]")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--hf-kernels", action="store_true", help="HF's F.linear instead of pre-packed weights (slower)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.set_defaults(func=run_generate)
 
@@ -70,6 +71,7 @@ def run_generate(args) -> int:
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, raw=args.raw,
         dtype=args.dtype, draft_dtype=args.draft_dtype, draft_length=args.draft_length, max_draft_length=args.max_draft_length,
         adaptive_draft_length=not args.fixed_draft_length, kv_press=press,
+        packed_weights=not args.hf_kernels,
         stream=None if streamer is None else lambda ids: streamer.put(_tensor(ids)),
     )
     if args.json:

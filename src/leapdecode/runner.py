@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import contextvars
 import types
+import weakref
 
 import torch
 from transformers import DynamicCache
 
-SKINNY_MAX_ROWS = 32
-_skinny = contextvars.ContextVar("leapdecode_skinny_linear", default=False)
+_packed = contextvars.ContextVar("leapdecode_packed_linear", default=False)
+# module -> ((weight pointer, version), packed weight); outside the module so that copies of a model don't carry it
+_packed_weights: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
 
 class Runner:
@@ -17,12 +19,15 @@ class Runner:
     `position` counts the tokens the model has seen (the next token's position id). It equals the KV cache length
     unless a KV press dropped entries, which is why position ids are always passed explicitly.
     A `press` (see leapdecode.kv) may compress the cache during prefill; decoding and rollback work the same after it.
+    `packed_weights` runs the linear layers on pre-packed weights (see install_packed_linear); False keeps HF's.
     """
 
-    def __init__(self, model: torch.nn.Module, press=None):
+    def __init__(self, model: torch.nn.Module, press=None, packed_weights: bool = True):
         self.model = model
         self.press = press
-        install_skinny_linear(model)
+        self.packed_weights = packed_weights
+        if packed_weights:
+            install_packed_linear(model)
         self.cache: DynamicCache | None = None
         self.position = 0
 
@@ -36,7 +41,8 @@ class Runner:
         self.cache = DynamicCache(config=self.model.config)
         self.position = 0
         if self.press is not None:
-            logits = self.press.prefill(self.model, self._ids(token_ids), self.cache)
+            with _packed_enabled(self.packed_weights):
+                logits = self.press.prefill(self.model, self._ids(token_ids), self.cache)
             self.position = len(token_ids)
             return logits
         return self._forward(token_ids, logits_to_keep=1)[-1]
@@ -59,7 +65,7 @@ class Runner:
     def _forward(self, token_ids: list[int], logits_to_keep: int) -> torch.Tensor:
         n = len(token_ids)
         past = self.cache_length
-        with _skinny_enabled(1 < n <= SKINNY_MAX_ROWS):
+        with _packed_enabled(self.packed_weights):
             out = self.model(
                 input_ids=self._ids(token_ids),
                 past_key_values=self.cache,
@@ -72,31 +78,43 @@ class Runner:
         return out.logits[0]
 
 
-def install_skinny_linear(model: torch.nn.Module) -> None:
-    """Give the model's fp32 nn.Linear layers a path for a few rows (draft verification: 2..32 tokens), active only
-    inside Runner forwards. On CPU, `x @ W.T` with a handful of rows goes through a GEMM that repacks the whole weight
-    matrix per call and costs ~2x a one-row product; `(W @ x.T).T` reads W once, so verifying k tokens costs close to
-    decoding one. One-token forwards keep `F.linear`, exactly as plain decoding and HF `generate` compute them."""
+def install_packed_linear(model: torch.nn.Module) -> None:
+    """Give the model's CPU nn.Linear layers (fp32, bf16) a copy of their weight packed once into oneDNN's blocked
+    layout, used only inside Runner forwards. `F.linear` hands the GEMM a plain row-major weight that is re-laid-out
+    on every call; packed once, a decode step reads the weights as they are, and verifying a few draft tokens costs
+    about as much as decoding one (measured on AVX-512: README, "Kernels"). Calls outside a Runner (HF `generate`,
+    the bench's baselines) keep `F.linear`. bf16 results equal `F.linear`'s bit for bit; fp32 ones differ in rounding
+    (~1e-6 relative), like any other GEMM."""
     for module in model.modules():
-        if type(module) is torch.nn.Linear and not hasattr(module, "_leapdecode_linear"):
+        if type(module) is torch.nn.Linear and not hasattr(module, "_leapdecode_linear") and _packable(module.weight):
             module._leapdecode_linear = module.forward
-            module.forward = types.MethodType(_skinny_forward, module)
+            module.forward = types.MethodType(_packed_forward, module)
 
 
-def _skinny_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if not _skinny.get() or self.weight.dtype != torch.float32 or x.device.type != "cpu":
+def _packable(weight: torch.Tensor) -> bool:
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weight.dtype == torch.float32
+
+
+def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if not _packed.get():
         return self._leapdecode_linear(x)
-    rows = x.reshape(-1, x.shape[-1])
-    y = (self.weight @ rows.T).T.reshape(*x.shape[:-1], self.weight.shape[0])
-    return y if self.bias is None else y + self.bias
+    key = (self.weight.data_ptr(), self.weight._version)  # repack if the weight was replaced or changed in place
+    cached = _packed_weights.get(self)
+    if cached is None or cached[0] != key:
+        cached = _packed_weights[self] = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None))
+    return torch.ops.mkldnn._linear_pointwise(x, cached[1], self.bias, "none", [], "")
 
 
-class _skinny_enabled:
+class _packed_enabled:
     def __init__(self, on: bool):
         self.on = on
 
     def __enter__(self):
-        self.token = _skinny.set(self.on)
+        self.token = _packed.set(self.on)
 
     def __exit__(self, *exc):
-        _skinny.reset(self.token)
+        _packed.reset(self.token)

@@ -65,7 +65,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(methods=methods, max_new_tokens=args.max_new_tokens or defaults["max_new_tokens"],
                       repeats=args.repeats or defaults["repeats"], draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
                       sweep=_names(args.sweep), warmup=not args.no_warmup, draft_length=args.draft_length,
-                      max_draft_length=args.max_draft_length, hf_prompt_lookup_tokens=args.hf_prompt_lookup_tokens)
+                      max_draft_length=args.max_draft_length, hf_prompt_lookup_tokens=args.hf_prompt_lookup_tokens,
+                      packed_weights=not args.hf_kernels)
     target = load_model(args.model, dtype=args.dtype)
     draft = load_model(args.draft_model, dtype=args.draft_dtype) if args.draft_model else None
     if draft is not None:
@@ -116,6 +117,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (all methods)")
     p.add_argument("--draft-dtype", default="bfloat16", help="draft model dtype for hf-assisted and draft-model")
+    p.add_argument("--hf-kernels", action="store_true",
+                   help="leapdecode methods use HF's F.linear too (default: pre-packed weights, see README)")
     p.add_argument("--threads", type=int, help="torch threads for all methods (default: torch's choice)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of every method")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

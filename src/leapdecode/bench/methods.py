@@ -52,6 +52,7 @@ class BenchContext:
     draft_length: int = 4
     max_draft_length: int = 16
     hf_prompt_lookup_tokens: int = 10
+    packed_weights: bool = True
 
     @property
     def eos_ids(self) -> list[int]:
@@ -137,6 +138,7 @@ def run_leap(ctx: BenchContext, variant: Variant, messages: list[dict], referenc
                       max_new_tokens=ctx.max_new_tokens, temperature=0.0, draft_length=k,
                       max_draft_length=k if fixed else max(k, ctx.max_draft_length), adaptive_draft_length=not fixed,
                       drafter_options={"store_key": store_key} if variant.method == "ngram" else None,
+                      packed_weights=ctx.packed_weights,
                       stream=lambda new: first or first.append(time.perf_counter() - start))
     wall = time.perf_counter() - start
     return Measurement(list(result.token_ids), wall, first[0] if first else wall, result.stats.forward_passes,

@@ -54,7 +54,8 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
     from .. import __version__
 
     return {
-        "machine": f"{cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}",
+        "machine": f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} logical CPUs, "
+                   f"{platform.system()} {platform.release()}",
         "torch threads": torch.get_num_threads(),
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, transformers "
                     f"{transformers.__version__}, leapdecode {__version__}",
@@ -74,6 +75,8 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
         "draft-length sweep": f"k in {sorted(set(cfg.draft_lengths))} for oracle"
                               + "".join(f", {m}" for m in cfg.sweep) + " (adaptive off)",
         "hf-prompt-lookup": f"prompt_lookup_num_tokens={cfg.hf_prompt_lookup_tokens}",
+        "linear kernels": ("pre-packed oneDNN weights for leapdecode methods, HF's F.linear for hf-* methods"
+                           if cfg.packed_weights else "HF's F.linear for all methods (--hf-kernels)"),
         "command": " ".join(["leapdecode", *sys.argv[1:]]) if sys.argv else "",
     }
 
@@ -87,7 +90,7 @@ def run_benchmark(target, questions: list[Question], cfg: BenchConfig, out: str 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LeapDecodeError(f"cannot create output directory {out}: {e.strerror or e}") from None
-    ctx = BenchContext(target=target, draft=draft)
+    ctx = BenchContext(target=target, draft=draft, packed_weights=cfg.packed_weights)
     setup = machine_setup(ctx, cfg, suite, questions)
     from transformers.utils import logging as tlog
 

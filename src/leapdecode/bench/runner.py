@@ -26,6 +26,7 @@ class BenchConfig:
     draft_length: int = 4        # leapdecode's initial k for the adaptive (default) variants
     max_draft_length: int = 16
     hf_prompt_lookup_tokens: int = 10
+    packed_weights: bool = True  # leapdecode methods run on pre-packed weights (HF methods always use F.linear)
 
     def __post_init__(self) -> None:
         require(self.max_new_tokens > 0, f"--max-new-tokens must be positive, got {self.max_new_tokens}")
