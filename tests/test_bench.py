@@ -147,10 +147,14 @@ def test_end_to_end_tiny(tiny, tmp_path):
     overall = data["summary"]["groups"]["overall"]
     assert all(row["identical_share"] == 1.0 for row in overall.values())
     assert overall["hf-generate"]["speedup"] == 1.0 and overall["none"]["mean_accepted_tokens"] == 1.0
+    assert overall["bare-forward"]["mean_accepted_tokens"] == 1.0
+    assert data["summary"]["none_time_per_token_over_floor"] is not None
+    assert set(data["forward_cost"]) == {"hf", "packed"}
+    assert all(row["relative"]["1"] == 1.0 and len(row["ms"]) == 6 for row in data["forward_cost"].values())
     assert data["summary"]["oracle_best"] in ("oracle@2", "oracle@4")
     assert set(data["meta"]["setup"]) >= {"machine", "versions", "dtype", "command"}
     report = res.report.read_text()
-    assert "## Overall" in report and "identical to the greedy reference" in report and "MISMATCH" not in report
+    assert "## Overall" in report and "Loop overhead" in report and "## Forward cost" in report and "identical to the greedy reference" in report and "MISMATCH" not in report
     for png in res.plots:
         assert png.read_bytes()[:4] == b"\x89PNG"
     assert {p.name for p in res.plots} == {"speedup.png", "draft_length.png"}

@@ -10,6 +10,7 @@ from conftest import VOCAB, noisy_copy, tiny_model
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter
+from leapdecode.models.quantize import quantize_int8
 from leapdecode.runner import Runner
 from leapdecode.sampling import SamplingConfig
 
@@ -27,6 +28,7 @@ def models():
                 "self": target,  # always agrees: long accepted runs, exercises k growth and EOS inside drafts
                 "noisy": noisy_copy(target, seed=20 + i, noise=0.5),  # agrees sometimes
                 "independent": tiny_model(arch, seed=30 + i),  # rarely agrees: many rejections and rollbacks
+                "int8": quantize_int8(noisy_copy(target, seed=40 + i, noise=0.2)),  # the default draft precision
             },
         }
     return out
@@ -67,7 +69,7 @@ def run_property(models, arch, data):
         reference = hf_greedy(target, prompt, max_new, eos)
     options = {}
     if drafter_name == "draft-model":
-        kind = data.draw(st.sampled_from(["self", "noisy", "independent"]), label="draft")
+        kind = data.draw(st.sampled_from(["self", "noisy", "independent", "int8"]), label="draft")
         options = {"draft_model": models[arch]["drafts"][kind], "confidence": data.draw(st.sampled_from([0.0, 0.05]))}
     elif drafter_name == "prompt-lookup":
         options = {"max_ngram": data.draw(st.integers(1, 4), label="max_ngram")}

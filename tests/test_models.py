@@ -112,7 +112,7 @@ def test_truncated_gguf_is_rewrapped(tmp_cache, tmp_path):
     assert not any((tmp_cache / "gguf").glob("*/" + MANIFEST))  # nothing half-built is left as cached
 
 
-@pytest.mark.parametrize("bad", ["int8", "float64", "", torch.int8, torch.float64, 32])
+@pytest.mark.parametrize("bad", ["int4", "float64", "", torch.int8, torch.float64, 32])
 def test_bad_dtype(tmp_cache, bad):
     with pytest.raises(LeapDecodeError, match="unsupported dtype"):
         load_model("smollm2-135m", bad)  # rejected before any download
@@ -170,6 +170,19 @@ def test_hub_id_from_local_cache_only(tmp_path, tiny_dir):
 def test_local_dir_bfloat16(tmp_cache, tiny_dir):
     lm = load_model(str(tiny_dir[0]), "bfloat16")
     assert lm.model.dtype == torch.bfloat16 and not lm.model.training
+
+
+def test_local_dir_int8(tmp_cache, tiny_dir):
+    """int8 (for draft models): every linear layer quantized, logits close to fp32's, named so in reports."""
+    from leapdecode.models.quantize import dtype_name
+
+    path, ids, logits = tiny_dir
+    lm = load_model(str(path), "int8")
+    assert dtype_name(lm.model) == "int8" and dtype_name(load_model(str(path)).model) == "float32"
+    assert not any(type(m) is torch.nn.Linear for m in lm.model.modules())
+    with torch.no_grad():
+        out = lm.model(ids).logits
+    assert not torch.equal(out, logits) and torch.allclose(out, logits, atol=0.05 * logits.abs().max().item())
 
 
 def test_fix_special_tokens_adds_end_of_turn(tiny_dir):

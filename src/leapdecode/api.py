@@ -73,7 +73,7 @@ def _vocab_fingerprint(tokenizer) -> int:
     return fingerprint
 
 
-def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype="bfloat16", **options) -> Drafter:
+def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype="int8", **options) -> Drafter:
     """A Drafter instance from its name; loads and checks the draft model for 'draft-model'."""
     if isinstance(drafter, Drafter):
         return drafter
@@ -103,7 +103,7 @@ def generate(
     seed: int | None = None,
     raw: bool = False,
     dtype: str = "float32",
-    draft_dtype: str = "bfloat16",
+    draft_dtype: str = "int8",
     draft_length: int = 4,
     max_draft_length: int = 16,
     adaptive_draft_length: bool = True,
@@ -116,7 +116,8 @@ def generate(
 
     Greedy (temperature 0) output is token for token that of plain greedy decoding; with temperature > 0 the output
     follows the same distribution as plain sampling. `stream` receives each step's new token ids. A draft model given
-    by name loads in `draft_dtype` (bfloat16 by default: the draft's precision changes speed, never the output).
+    by name loads in `draft_dtype` (int8 by default, see models.quantize: the draft's precision changes speed, never
+    the output).
     `packed_weights=False` runs the target's linear layers through HF's own `F.linear` instead of pre-packed weights
     (same numbers in bf16; in fp32 they round differently, as any two GEMMs do).
     """

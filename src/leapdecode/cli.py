@@ -35,7 +35,7 @@ def add_generate(sub) -> None:
     p.add_argument("--top-k", type=_int, default=0)
     p.add_argument("--seed", type=_int)
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    p.add_argument("--draft-dtype", default="bfloat16", help="dtype of --draft-model (never changes the output)")
+    p.add_argument("--draft-dtype", default="int8", help="dtype of --draft-model: int8 (default), bfloat16, float32 (never changes the output)")
     p.add_argument("--draft-length", type=_int, default=4, help="initial draft length k")
     p.add_argument("--max-draft-length", type=_int, default=16)
     p.add_argument("--fixed-draft-length", action="store_true", help="keep k fixed instead of adapting it online")

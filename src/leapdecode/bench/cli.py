@@ -116,7 +116,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-draft-length", type=int, default=16)
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (all methods)")
-    p.add_argument("--draft-dtype", default="bfloat16", help="draft model dtype for hf-assisted and draft-model")
+    p.add_argument("--draft-dtype", default="int8", help="draft model dtype for hf-assisted and draft-model (int8, bfloat16, float32)")
     p.add_argument("--hf-kernels", action="store_true",
                    help="leapdecode methods use HF's F.linear too (default: pre-packed weights, see README)")
     p.add_argument("--threads", type=int, help="torch threads for all methods (default: torch's choice)")

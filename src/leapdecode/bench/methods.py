@@ -1,7 +1,8 @@
 """One function per method kind. Every method decodes greedily from the same prompt ids with the same eos ids and
 max_new_tokens; each returns a `Measurement` (new token ids, wall time, time to first token, target forwards).
 
-HF methods call `model.generate`; leapdecode methods call the public `leapdecode.generate`, as a user would.
+HF methods call `model.generate`; leapdecode methods call the public `leapdecode.generate`, as a user would;
+`bare-forward` is the floor for plain decoding: the Runner's forward and an argmax per token, nothing else.
 """
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import torch
 from ..api import generate
 from ..drafters import OracleDrafter
 from ..errors import LeapDecodeError, require
+from ..runner import Runner
 
 HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 LEAP_METHODS = ("none", "prompt-lookup", "ngram", "draft-model", "oracle")
-METHODS = HF_METHODS + LEAP_METHODS
+FLOOR_METHOD = "bare-forward"
+METHODS = HF_METHODS + LEAP_METHODS + (FLOOR_METHOD,)
 NEEDS_DRAFT_MODEL = ("hf-assisted", "draft-model")
 SWEEPABLE = ("prompt-lookup", "ngram", "draft-model", "oracle")  # leapdecode drafters with a draft length k
 
@@ -145,12 +148,27 @@ def run_leap(ctx: BenchContext, variant: Variant, messages: list[dict], referenc
                        engine=result.stats.as_dict())
 
 
+def run_bare_forward(ctx: BenchContext, prompt_ids: list[int]) -> Measurement:
+    """Greedy decoding as a bare loop over the Runner: prefill, then one single-token forward (warm KV cache) and an
+    argmax per token, with no templating, drafting, verification, control or streaming: what `none` costs at best."""
+    runner = Runner(ctx.target.model, packed_weights=ctx.packed_weights)
+    eos = set(ctx.eos_ids)
+    start = time.perf_counter()
+    tokens = [int(runner.prefill(prompt_ids).argmax())]
+    first = time.perf_counter() - start
+    while len(tokens) < ctx.max_new_tokens and tokens[-1] not in eos:
+        tokens.append(int(runner.forward([tokens[-1]], last_only=True)[-1].argmax()))
+    return Measurement(tokens, time.perf_counter() - start, first, len(tokens))
+
+
 def run_variant(ctx: BenchContext, variant: Variant, prompt_ids: list[int], messages: list[dict],
                 reference: list[int] | None, store_key: str = "bench") -> Measurement:
     if variant.method in HF_METHODS:
         return run_hf(ctx, variant, prompt_ids)
     if variant.method in LEAP_METHODS:
         return run_leap(ctx, variant, messages, reference, store_key)
+    if variant.method == FLOOR_METHOD:
+        return run_bare_forward(ctx, prompt_ids)
     raise LeapDecodeError(f"unknown method '{variant.method}': choose from {', '.join(METHODS)}")
 
 

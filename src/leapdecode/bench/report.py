@@ -8,8 +8,9 @@ import pathlib
 import statistics
 from collections import defaultdict
 
+from .forward_cost import cost_table
+from .methods import FLOOR_METHOD
 from .suites import CATEGORY_TITLES
-
 
 
 def medians(records: list[dict]) -> dict[tuple, dict]:
@@ -63,7 +64,11 @@ def summarize(run: dict) -> dict:
             row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
             row["pct_of_oracle"] = round(100 * row["tokens_per_second"] / ceiling, 1) if ceiling else None
     mismatches = [r for r in run["records"] if not r["identical"]]
+    floor, plain = table["overall"].get(FLOOR_METHOD), table["overall"].get("none")
+    overhead = (round(floor["tokens_per_second"] / plain["tokens_per_second"] - 1, 4)
+                if floor and plain and plain["tokens_per_second"] else None)
     return {"baseline": baseline, "oracle_best": best, "categories": categories, "groups": table,
+            "none_time_per_token_over_floor": overhead,
             "mismatched_outputs": len(mismatches), "outputs": len(run["records"])}
 
 
@@ -156,11 +161,17 @@ def write_report(out: pathlib.Path, meta: dict, run: dict, summary: dict, plots:
     lines += [f"| {k} | {v} |" for k, v in meta["setup"].items()]
     labels, base, best = main_rows(run, summary), summary["baseline"], summary["oracle_best"]
     lines += ["", "## Overall", ""] + _table(summary["groups"]["overall"], labels, base, best) + [""]
+    if summary.get("none_time_per_token_over_floor") is not None:
+        lines += [f"Loop overhead: `none` (the full engine, no drafter) takes "
+                  f"{100 * summary['none_time_per_token_over_floor']:+.1f} % time per token against `{FLOOR_METHOD}` "
+                  "(the Runner's forward and an argmax per token, nothing else).", ""]
     for c in summary["categories"]:
         title = CATEGORY_TITLES.get(c, c)
         lines += [f"### {title}" + (f" (`{c}`)" if title != c else ""), ""]
         lines += _table(summary["groups"][c], labels, base, best) + [""]
     lines += _sweep_section(run, summary)
+    if run.get("forward_cost"):
+        lines += cost_table(run["forward_cost"], run["forward_cost_context"])
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     lines += ["## Columns", "",
@@ -171,6 +182,8 @@ def write_report(out: pathlib.Path, meta: dict, run: dict, summary: dict, plots:
               "- **accepted tok / target forward**: new tokens per target forward pass, prefill included (plain "
               "decoding: 1.00). **target forwards**: their sum over the group (median over repeats per turn).",
               "- **TTFT**: median over turns of the median time from the call to the first new token.",
+              f"- **{FLOOR_METHOD}**: prefill, then one single-token forward with the warm KV cache and an argmax "
+              "per token, in a bare loop: the floor for plain decoding.",
               "- **identical to greedy**: share of turns whose output equals the reference in every repeat.", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))

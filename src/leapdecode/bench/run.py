@@ -10,7 +10,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..api import encode_prompt
 from ..errors import LeapDecodeError
+from ..models.quantize import dtype_name
+from .forward_cost import forward_costs
 from .methods import BenchContext
 from .plots import plot_draft_length, plot_speedup
 from .report import main_rows, summarize, write_report, write_results
@@ -43,10 +46,6 @@ def _load() -> float:
         return 0.0
 
 
-def _dtype(loaded) -> str:
-    return str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
-
-
 def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: list[Question]) -> dict:
     """Everything a reader needs to judge the numbers: machine, versions, dtype, settings."""
     import transformers
@@ -61,9 +60,9 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
                     f"{transformers.__version__}, leapdecode {__version__}",
         "target model": f"{ctx.target.name} ({sum(p.numel() for p in ctx.target.model.parameters()) / 1e6:.0f}M "
                         f"parameters, {ctx.target.path})",
-        "draft model": f"{ctx.draft.name} ({ctx.draft.path}), {_dtype(ctx.draft)} for hf-assisted and draft-model"
+        "draft model": f"{ctx.draft.name} ({ctx.draft.path}), {dtype_name(ctx.draft.model)} for hf-assisted and draft-model"
                        if ctx.draft else "none",
-        "dtype": _dtype(ctx.target) + " (target, all methods)",
+        "dtype": dtype_name(ctx.target.model) + " (target, all methods)",
         "suite": f"{suite}: {len(questions)} questions, {sum(len(q.turns) for q in questions)} turns, categories "
                  + ", ".join(dict.fromkeys(q.category for q in questions)),
         "decoding": f"greedy, max_new_tokens {cfg.max_new_tokens}, eos ids {list(ctx.target.eos_token_ids)}",
@@ -100,6 +99,10 @@ def run_benchmark(target, questions: list[Question], cfg: BenchConfig, out: str 
     try:
         with torch.inference_mode():
             run = run_suite(ctx, questions, cfg, progress=progress, console=console)
+        first = run["references"][0]
+        context = encode_prompt(target.tokenizer, [{"role": "user", "content": questions[0].turns[0]}])
+        run["forward_cost"] = forward_costs(target.model, context + first["token_ids"])
+        run["forward_cost_context"] = len(context) + len(first["token_ids"])
     finally:
         tlog.set_verbosity(level)
     summary = summarize(run)

@@ -1,4 +1,8 @@
-"""Train the small masked-diffusion model on the generated task suite (CPU, minutes), with LLaDA's 1/t-weighted loss."""
+"""Train the small masked-diffusion model on the generated task suite (CPU, minutes).
+
+LLaDA's 1/t-weighted loss (`--loss elbo`) is available; the default is the plain mean CE over masked tokens, because in
+a measured ablation (3 content-routing tasks, 900 steps) the 1/t variance kept lookup/pick3/oneword at 0 % while the
+plain mean started learning them (lr 1e-3; at 2e-3 neither did)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +29,7 @@ class TrainConfig:
     out: str
     steps: int = 5400
     batch_size: int = 64
-    lr: float = 2e-3
+    lr: float = 1e-3
     warmup: int = 100
     hidden_size: int = 128
     layers: int = 4
@@ -38,7 +42,7 @@ class TrainConfig:
     log_every: int = 200
     save_every: int = 500
     task_weights: dict[str, float] = field(default_factory=lambda: dict(TASK_WEIGHTS))
-    loss: str = "elbo"             # "elbo" (LLaDA 1/t) or "tokens" (mean CE over masked tokens); see model.py
+    loss: str = "tokens"           # "tokens" (mean CE over masked tokens) or "elbo" (LLaDA 1/t); see model.py
     stratified: bool = True        # stratified masking rates across each batch
     eval_per_task: int = 100       # after training: held-out accuracy per task, one token per forward (0: skip)
     init_from: str | None = None  # continue training a saved model instead of starting from scratch

