@@ -99,8 +99,8 @@ def test_eotp_never_cuts_a_non_pad_token_in_reference_traces(lm):
 
 
 def test_filter_training_is_reproducible_with_a_seed(lm):
-    feats, labels, _ = collect_traces(lm, TOK, ["copy", "pick3"], per_task=6, seed=5)
-    feats2, labels2, _ = collect_traces(lm, TOK, ["copy", "pick3"], per_task=6, seed=5)
+    feats, labels, _ = collect_traces(lm, TOK, ["copy", "fmt"], per_task=6, seed=5)
+    feats2, labels2, _ = collect_traces(lm, TOK, ["copy", "fmt"], per_task=6, seed=5)
     assert torch.equal(feats, feats2) and torch.equal(labels, labels2)
     a, sa = fit_filter(feats, labels, seed=1, epochs=3)
     b, sb = fit_filter(feats, labels, seed=1, epochs=3)
@@ -111,20 +111,24 @@ def test_filter_training_is_reproducible_with_a_seed(lm):
     assert any(not torch.equal(va, vc) for va, vc in zip(a.state_dict().values(), c.state_dict().values()))
 
 
+def _heldout_accuracy(lm, task: str, steps: int, per_task: int = 40) -> float:
+    examples = heldout_set([task], per_task, seed=99)
+    prompts = encode_prompts(TOK, [e.prompt for e in examples])
+    res = diffusion_decode(lm, prompts, GEN_LEN, FixedStepsDecoder(steps=steps))
+    return sum(check(e, TOK.decode(r[prompts.shape[1]:].tolist())) for e, r in zip(examples, res.canvas)) / len(examples)
+
+
 # Held-out accuracy floor of the shipped model with the one-token-per-forward baseline (measured on 100 held-out
-# prompts per task: copy, reverse, sort, add and record 100 %). The model did NOT learn lookup, pick3, oneword or pair
-# (measured 2-8 %), so no floor is claimed for them; a broken checkpoint still fails on the five below.
-BASELINE_FLOOR = {"copy": 0.9, "reverse": 0.9, "sort": 0.9, "add": 0.9, "record": 0.9}
+# prompts per task: 100 % on every task but fmt, 92 %), so a broken checkpoint fails.
+@pytest.mark.parametrize("task", list(TASKS))
+def test_shipped_model_accuracy_above_floor(lm, task):
+    assert _heldout_accuracy(lm, task, steps=GEN_LEN) >= 0.9
 
 
-def test_shipped_model_accuracy_above_floor(lm):
-    examples = heldout_set(list(TASKS), 40, seed=99)
-    for task, floor in BASELINE_FLOOR.items():
-        ex = [e for e in examples if e.task == task]
-        prompts = encode_prompts(TOK, [e.prompt for e in ex])
-        res = diffusion_decode(lm, prompts, GEN_LEN, FixedStepsDecoder(steps=GEN_LEN))
-        acc = sum(check(e, TOK.decode(r[prompts.shape[1]:].tolist())) for e, r in zip(ex, res.canvas)) / len(ex)
-        assert acc >= floor, f"{task}: {acc:.2f} < {floor}"
+@pytest.mark.parametrize("task", [t for t in TASKS if TASKS[t].multi_answer])
+def test_naive_one_forward_decoding_loses_accuracy_on_multi_answer_tasks(lm, task):
+    """Committing all 16 positions from one forward splices valid answers into invalid ones on these tasks."""
+    assert _heldout_accuracy(lm, task, steps=1) <= _heldout_accuracy(lm, task, steps=GEN_LEN) - 0.3
 
 
 def test_model_round_trips_save_pretrained_and_is_bidirectional():
@@ -148,11 +152,13 @@ def test_tasks_split_is_deterministic_and_checkers_accept_alternatives():
     rng = random.Random(0)
     assert not any(is_heldout(sample(t, rng, heldout=False).prompt) for t in TASKS for _ in range(20))
     from leapdecode.diffusion.tasks import Example
-    pick3, oneword = Example("pick3", "pick3 abcdef", ""), Example("oneword", "any cats dogs owls", "")
-    assert check(pick3, "f,a,c") and not check(pick3, "a,a,c") and not check(pick3, "f,a")
-    assert check(oneword, "owls") and not check(oneword, "cwls")
-    assert check(Example("pair", "pair ab:xyz cd:uv ef:rst", ""), "cd is uv")
-    assert not check(Example("pair", "pair ab:xyz cd:uv ef:rst", ""), "cd is xyz")
+    two = Example("sum", "sum 12 abc", "")
+    assert check(two, "abc:3+9") and check(two, "abc:9+3") and not check(two, "abc:3+3") and not check(two, "abd:3+9")
+    likes, fmt = Example("likes", "likes bob", ""), Example("fmt", "fmt bob 42", "")
+    assert check(likes, "bob likes tea") and check(likes, "bob likes fan") and not check(likes, "bob likes tan")
+    assert check(fmt, "{n:bob,a:42}") and check(fmt, "bob is 42") and check(fmt, "42:bob")
+    assert not check(fmt, "{n:bob=42") and not check(fmt, "bob is 24")
+    assert check(Example("nth", "nth 2 abc def ghi", ""), "def") and not check(Example("nth", "nth 2 abc def ghi", ""), "abc")
     assert check(Example("add", "add 999+1", ""), "1000") and check(Example("add", "add 999+1", ""), "01000")
     assert not check(Example("add", "add 999+1", ""), "1001") and not check(Example("add", "add 999+1", ""), "")
 

@@ -23,7 +23,7 @@ def _weights(value: str | None) -> dict[str, float]:
     try:
         return {k.strip(): float(w) for k, w in (item.split("=") for item in value.split(","))}
     except ValueError:
-        raise LeapDecodeError(f"--task-weights must look like 'add=2,pick3=1.5', got {value!r}") from None
+        raise LeapDecodeError(f"--task-weights must look like 'add=2,fmt=1.5', got {value!r}") from None
 
 
 def _threads(n: int) -> None:
@@ -135,7 +135,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--eval-per-task", type=int, default=d.eval_per_task,
                    help="held-out prompts per task for the accuracy check after training (0: skip)")
     p.add_argument("--tasks", help="comma-separated subset of tasks (default: all)")
-    p.add_argument("--task-weights", help="sampling weights, e.g. 'add=2,pick3=1.5' (others 1; default "
+    p.add_argument("--task-weights", help="sampling weights, e.g. 'add=2,fmt=1.5' (others 1; default "
                    + ",".join(f"{k}={v:g}" for k, v in TASK_WEIGHTS.items()) + ")")
     p.add_argument("--init-from", help="continue training this saved model (same tasks and vocabulary)")
     p.set_defaults(func=cmd_train)
@@ -151,7 +151,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train_filter)
 
     p = sub.add_parser("generate", help="decode one prompt with a parallel decoder")
-    p.add_argument("prompt", help="e.g. 'add 4821+7395', 'pick3 a7k2m9', 'rev 123456'")
+    p.add_argument("prompt", help="e.g. 'add 4821+7395', 'sum 12 abc', 'rev 123456'")
     p.add_argument("--model", help=model_help)
     p.add_argument("--decoder", default="learn2pd", choices=None, help=f"one of {', '.join(DECODERS[:-1])}")
     p.add_argument("--threshold", type=float, help="threshold for threshold / credit / learn2pd, in (0, 1]")

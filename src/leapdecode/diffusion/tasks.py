@@ -2,12 +2,18 @@
 
 Two families, in the spirit of ParallelBench and the dLLM papers:
 
-* **single-answer** tasks (copy, reverse, sort, add, lookup, record): one correct output. A capable model is confident
+* **single-answer** tasks (copy, reverse, sort, add, nth, record): one correct output. A capable model is confident
   everywhere, so they show whether a decoder *keeps* accuracy (add, with carries, is the hardest of them).
-* **several-valid-answer** tasks whose tokens must agree with each other (pick3, oneword, pair): the model's
-  per-position marginals are spread over several valid answers, so committing many positions in one forward mixes
-  two valid answers into an invalid one (a repeated item, a word spliced from two words, a key with another key's
-  value). These are the tasks that rank parallel decoders.
+* **several-valid-answer** tasks whose tokens must agree with each other (sum: two digits with a given sum; likes: a
+  templated sentence with several valid fillers; fmt: a record in any of four formats): the model's per-position
+  marginals are spread over several valid answers, so committing many positions in one forward splices two valid
+  answers into an invalid one ("xyz:3+3" for sum 12, "likes tan", a name in another format's columns). These are the
+  tasks that rank parallel decoders.
+
+Every task is solvable by routing on positions (which column to copy, given the prompt's fixed layout and the answer
+tokens committed so far). Tasks that need matching by content instead (a key looked up by its letters, "any three
+distinct items of a list", "any one of these words") stayed at 2-8 % for a 0.9M model after 24 CPU minutes, so they
+could not show what parallel decoding loses; they were dropped from the suite.
 
 Each task's checker accepts *any* valid answer. Held-out examples are those whose prompt hashes into the held-out
 bucket; training never sees them.
@@ -113,17 +119,16 @@ def _add_check(prompt, out):
     return out.isdigit() and int(out) == int(a) + int(b)
 
 
-def _lookup(rng):
-    keys = rng.sample("abcdefghijklmnopqrstuvwxyz", 3)
-    vals = [_word(rng, 3, 3) for _ in keys]
+def _nth(rng):
+    # templated question answering: the index names which of three words to return
+    words = [_word(rng, 3, 3) for _ in range(3)]
     k = rng.randrange(3)
-    table = " ".join(f"{key}={v}" for key, v in zip(keys, vals))
-    return f"get {table} ?{keys[k]}", vals[k]
+    return f"nth {k + 1} {' '.join(words)}", words[k]
 
 
-def _lookup_check(prompt, out):
-    body, q = _payload(prompt).rsplit(" ?", 1)
-    return dict(kv.split("=") for kv in body.split(" ")).get(q) == out
+def _nth_check(prompt, out):
+    k, *words = _payload(prompt).split(" ")
+    return out == words[int(k) - 1]
 
 
 def _record(rng):
@@ -132,32 +137,43 @@ def _record(rng):
 
 
 # ---- several-valid-answer tasks (tokens must agree) ----------------------------------------------------------------
-def _pick3(rng):
-    items = rng.sample("abcdefghijklmnopqrstuvwxyz0123456789", 6)
-    return f"pick3 {''.join(items)}", ",".join(rng.sample(items, 3))
+def _sum(rng):
+    # two digits with the given sum, tagged with the prompt's label: "sum 12 xyz" -> xyz:3+9, xyz:4+8, ..., xyz:9+3
+    # (each digit fixes the other; the label makes the prompts many, so the held-out split holds unseen prompts)
+    a, b, tag = rng.randint(0, 9), rng.randint(0, 9), _word(rng, 3, 3)
+    return f"sum {a + b:02d} {tag}", f"{tag}:{a}+{b}"
 
 
-def _pick3_check(prompt, out):
-    items, parts = set(_payload(prompt)), out.split(",")
-    return len(parts) == 3 and all(len(p) == 1 and p in items for p in parts) and len(set(parts)) == 3
+def _sum_check(prompt, out):
+    total, tag = _payload(prompt).split(" ")
+    head, _, expr = out.partition(":")
+    parts = expr.split("+")
+    return head == tag and len(parts) == 2 and all(len(p) == 1 and p.isdigit() for p in parts) and \
+        int(parts[0]) + int(parts[1]) == int(total)
 
 
-def _oneword(rng):
-    words = [_word(rng, 4, 4) for _ in range(3)]
-    return f"any {' '.join(words)}", rng.choice(words)
+# the valid fillers of the `likes` template, chosen so that the per-position majority letters ("t", "a", "n") spell a
+# word that is not one of them: a decoder that commits every position from the marginals in one forward writes "tan"
+LIKES = ("tea", "tin", "ton", "ban", "fan")
 
 
-def _pair(rng):
-    keys = [_word(rng, 2, 2) for _ in range(3)]
-    vals = [_word(rng, 2, 2) for _ in range(3)]
-    k = rng.randrange(3)
-    return f"pair {' '.join(f'{a}:{b}' for a, b in zip(keys, vals))}", f"{keys[k]} is {vals[k]}"
+def _likes(rng):
+    name = _word(rng, 3, 3)
+    return f"likes {name}", f"{name} likes {rng.choice(LIKES)}"
 
 
-def _pair_check(prompt, out):
-    pairs = {tuple(p.split(":")) for p in _payload(prompt).split(" ")}
-    parts = out.split(" is ")
-    return len(parts) == 2 and tuple(parts) in pairs
+def _likes_check(prompt, out):
+    return out in {f"{_payload(prompt)} likes {x}" for x in LIKES}
+
+
+def _formats(name: str, age: str) -> set[str]:
+    return {f"{{n:{name},a:{age}}}", f"{name}={age}", f"{name} is {age}", f"{age}:{name}"}
+
+
+def _fmt(rng):
+    # a record in any of four formats: the name's and age's columns depend on which format the answer uses
+    name, age = _word(rng, 3, 3), str(rng.randint(10, 99))
+    return f"fmt {name} {age}", rng.choice(sorted(_formats(name, age)))
 
 
 TASKS: dict[str, Task] = {t.name: t for t in [
@@ -165,11 +181,11 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     Task("reverse", False, _reverse, lambda p, o: o == _payload(p)[::-1]),
     Task("sort", False, _sort, lambda p, o: o == "".join(sorted(_payload(p)))),
     Task("add", False, _add, _add_check),
-    Task("lookup", False, _lookup, _lookup_check),
+    Task("nth", False, _nth, _nth_check),
     Task("record", False, _record, lambda p, o: o == "{n:%s,a:%s}" % tuple(_payload(p).split(" "))),
-    Task("pick3", True, _pick3, _pick3_check),
-    Task("oneword", True, _oneword, lambda p, o: o in _payload(p).split(" ")),
-    Task("pair", True, _pair, _pair_check),
+    Task("sum", True, _sum, _sum_check),
+    Task("likes", True, _likes, _likes_check),
+    Task("fmt", True, _fmt, lambda p, o: o in _formats(*_payload(p).split(" "))),
 ]}
 
 
