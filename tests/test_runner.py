@@ -22,8 +22,11 @@ def test_packed_linear_only_inside_runner_and_matches_linear(dtype):
     logits = runner.forward(ids[0, 4:].tolist())          # 5 rows through the packed weights
     assert torch.allclose(logits.float(), reference[4:], atol=tol, rtol=tol)
     runner.rollback(5)
-    one = [runner.forward([t])[0] for t in ids[0, 4:].tolist()]  # one row at a time
+    one = [runner.forward([t])[0] for t in ids[0, 4:].tolist()]  # one row at a time (zero-padded to four rows)
     assert torch.allclose(torch.stack(one).float(), reference[4:], atol=tol, rtol=tol)
+    runner.rollback(5)
+    few = torch.cat([runner.forward(ids[0, 4:6].tolist()), runner.forward(ids[0, 6:].tolist())])  # 2 + 3 rows
+    assert torch.allclose(few.float(), reference[4:], atol=tol, rtol=tol)
 
 
 def test_packed_weights_follow_weight_changes_and_can_be_turned_off():

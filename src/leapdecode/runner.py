@@ -11,6 +11,10 @@ from transformers import DynamicCache
 _packed = contextvars.ContextVar("leapdecode_packed_linear", default=False)
 # module -> ((weight pointer, version), packed weight); outside the module so that copies of a model don't carry it
 _packed_weights: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
+# oneDNN reads a packed weight faster with 4 input rows than with 1-3 (its few-row kernels stream memory worse), so
+# fewer rows are zero-padded to four. Measured on AVX-512, 1 thread, whole fp32 forwards over a warm cache: Qwen2.5
+# 1.5B 1 token 508 -> 425 ms, 2 tokens 639 -> 477 ms; SmolLM2-135M 1 token 58.9 -> 53.0 ms, 2 tokens 76.4 -> 60.7 ms
+PAD_ROWS = 4
 
 
 class Runner:
@@ -106,7 +110,13 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     cached = _packed_weights.get(self)
     if cached is None or cached[0] != key:
         cached = _packed_weights[self] = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None))
-    return torch.ops.mkldnn._linear_pointwise(x, cached[1], self.bias, "none", [], "")
+    rows = x.numel() // x.shape[-1]
+    if rows >= PAD_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(x, cached[1], self.bias, "none", [], "")
+    flat = x.reshape(rows, x.shape[-1])
+    padded = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, flat.shape[1])])
+    out = torch.ops.mkldnn._linear_pointwise(padded, cached[1], self.bias, "none", [], "")[:rows]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 class _packed_enabled:
