@@ -47,3 +47,32 @@ def one_thread_for_tiny_models(request):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def greedy_records(model: torch.nn.Module, count: int, seed: int, length: int = 30) -> list[dict]:
+    """Greedy answers of `model` to random prompts, in the records format of leapdecode.heads."""
+    gen = torch.Generator().manual_seed(seed)
+    records = []
+    for _ in range(count):
+        prompt = torch.randint(0, model.config.vocab_size, (int(torch.randint(3, 12, (1,), generator=gen)),),
+                               generator=gen)
+        with torch.no_grad():
+            out = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 max_new_tokens=length, do_sample=False, eos_token_id=None, pad_token_id=0)
+        records.append({"prompt_ids": prompt.tolist(), "answer_ids": out[0, len(prompt):].tolist()})
+    return records
+
+
+def tiny_head(model: torch.nn.Module, trained: bool, seed: int = 0):
+    """A draft head for a tiny model: trained on its greedy answers (agrees often) or left random (rarely agrees)."""
+    from leapdecode.heads.model import DraftHead, HeadConfig
+    from leapdecode.heads.train import HeadTrainConfig, train_head
+
+    if trained:
+        cfg = HeadTrainConfig(vocab=model.config.vocab_size, intermediate=128, epochs=6, batch_size=64, lr=3e-3,
+                              seed=seed, val_share=0.2)
+        return train_head(model, greedy_records(model, 40, seed), cfg, "tiny", log=lambda *a: None)
+    torch.manual_seed(seed)
+    config = HeadConfig(hidden_size=model.config.hidden_size, intermediate_size=128,
+                        target_vocab_size=model.config.vocab_size, target="tiny")
+    return DraftHead(config, torch.arange(model.config.vocab_size)).attach(model).eval(), {}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import noisy_copy, tiny_model
+from conftest import noisy_copy, tiny_head, tiny_model
 from leapdecode.bench import methods as bench_methods
 from leapdecode.bench import runner as bench_runner
 from leapdecode.cli import main as bench_main
@@ -136,8 +136,9 @@ def test_plan_variants_sweeps_oracle():
 def test_end_to_end_tiny(tiny, tmp_path):
     target, draft = tiny
     questions = load_suite(write_jsonl(tmp_path / "s.jsonl", SMALL))
+    tiny_head(target.model, trained=True)[0].save(tmp_path / "head")
     cfg = BenchConfig(methods=list(METHODS), max_new_tokens=12, repeats=2, draft_lengths=[2, 4],
-                      sweep=["prompt-lookup"])
+                      sweep=["prompt-lookup"], head=str(tmp_path / "head"))
     res = run_benchmark(target, questions, cfg, tmp_path / "out", draft=draft, suite="s", progress=False)
     data = json.loads(res.results.read_text())
     n_variants = len(METHODS) - 1 + 2 + 2  # oracle only swept; prompt-lookup also swept

@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import VOCAB, noisy_copy, tiny_model
+from conftest import VOCAB, noisy_copy, tiny_head, tiny_model
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter
@@ -30,6 +30,7 @@ def models():
                 "independent": tiny_model(arch, seed=30 + i),  # rarely agrees: many rejections and rollbacks
                 "int8": quantize_int8(noisy_copy(target, seed=40 + i, noise=0.2)),  # the default draft precision
             },
+            "heads": {"trained": tiny_head(target, trained=True)[0], "random": tiny_head(target, trained=False)[0]},
         }
     return out
 
@@ -56,7 +57,7 @@ def prompts(draw):
 
 def run_property(models, arch, data):
     prompt = data.draw(prompts(), label="prompt")
-    drafter_name = data.draw(st.sampled_from(["none", "prompt-lookup", "ngram", "draft-model"]), label="drafter")
+    drafter_name = data.draw(st.sampled_from(["none", "prompt-lookup", "ngram", "draft-model", "head"]), label="drafter")
     k = data.draw(st.integers(1, 8), label="k")
     adaptive = data.draw(st.booleans(), label="adaptive")
     max_new = data.draw(st.integers(1, 40), label="max_new_tokens")
@@ -73,6 +74,9 @@ def run_property(models, arch, data):
         options = {"draft_model": models[arch]["drafts"][kind], "confidence": data.draw(st.sampled_from([0.0, 0.05]))}
     elif drafter_name == "prompt-lookup":
         options = {"max_ngram": data.draw(st.integers(1, 4), label="max_ngram")}
+    elif drafter_name == "head":
+        options = {"head": models[arch]["heads"][data.draw(st.sampled_from(["trained", "random"]), label="head")],
+                   "lookup_ngram": data.draw(st.integers(0, 3), label="lookup_ngram")}
     elif drafter_name == "ngram":
         options = {"store_key": f"test-{arch}"}
     drafter = make_drafter(drafter_name, **options)

@@ -56,7 +56,7 @@ def divergence_report(loaded, prompt_ids, expected, got) -> str:
             f"target top-2 margin there {float(top.values[0] - top.values[1]):.4g}")
 
 
-@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "ngram", "draft-model"])
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "ngram", "draft-model", "head"])
 def test_every_drafter_reproduces_greedy(smollm, bf16_twin, drafter):
     max_new = 64
     for prompt in PROMPTS:
@@ -65,12 +65,14 @@ def test_every_drafter_reproduces_greedy(smollm, bf16_twin, drafter):
         # the draft length is fixed so the acceptance check below does not depend on measured timings
         result = leapdecode.generate(smollm, prompt, drafter=drafter, max_new_tokens=max_new,
                                      draft_model=bf16_twin if drafter == "draft-model" else None,
-                                     adaptive_draft_length=drafter != "draft-model",
+                                     adaptive_draft_length=drafter not in ("draft-model", "head"),
                                      drafter_options={"confidence": 0.0} if drafter == "draft-model" else None)
         assert result.prompt_ids == prompt_ids
         assert result.token_ids == expected, divergence_report(smollm, prompt_ids, expected, result.token_ids)
         if drafter == "draft-model":
             assert result.stats.mean_accepted_tokens > 1.5  # the bf16 twin must actually be accepted often
+        if drafter == "head":
+            assert result.stats.mean_accepted_tokens > 1.3  # the shipped head must actually be accepted
 
 
 def test_sampling_is_reproducible_with_a_seed(smollm):

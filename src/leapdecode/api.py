@@ -1,6 +1,7 @@
 """The public Python API: `generate`, mirroring the names of HF `model.generate`."""
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -86,7 +87,23 @@ def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype=
         return make_drafter(drafter, draft_model=draft.model, **options)
     if drafter == "ngram":
         options.setdefault("store_key", target.name)
+    if drafter == "head":
+        return make_drafter(drafter, head=attached_head(target, options.pop("head", None) or target.name), **options)
     return make_drafter(drafter, **options)
+
+
+_heads: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def attached_head(target, source):
+    """The draft head from `source` (a directory, or a target name with a shipped head) attached to the target;
+    loaded once per target model."""
+    from .heads.model import load_head
+
+    loaded = _heads.setdefault(target.model, {})
+    if str(source) not in loaded:
+        loaded[str(source)] = load_head(source, dtype=target.model.dtype).attach(target.model)
+    return loaded[str(source)]
 
 
 def generate(

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from .errors import LeapDecodeError
+from .errors import LeapDecodeError, require
 from .models.registry import DEFAULT_MODEL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail at once instead of retrying for ~50 s
@@ -29,6 +29,7 @@ def add_generate(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="packaged name, local HF directory, .gguf file or cached hub id")
     p.add_argument("--drafter", default="prompt-lookup", choices=DRAFTERS)
     p.add_argument("--draft-model", help="the draft model for --drafter draft-model (same tokenizer as --model)")
+    p.add_argument("--head", help="draft head directory for --drafter head (default: the model's shipped head)")
     p.add_argument("--max-new-tokens", type=_int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless against plain greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -58,6 +59,7 @@ def run_generate(args) -> int:
 
     from .api import generate, resolve_model
 
+    require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     target = resolve_model(args.model, dtype=args.dtype)
     press = None
@@ -71,7 +73,7 @@ def run_generate(args) -> int:
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, raw=args.raw,
         dtype=args.dtype, draft_dtype=args.draft_dtype, draft_length=args.draft_length, max_draft_length=args.max_draft_length,
         adaptive_draft_length=not args.fixed_draft_length, kv_press=press,
-        packed_weights=not args.hf_kernels,
+        packed_weights=not args.hf_kernels, drafter_options={"head": args.head} if args.head else None,
         stream=None if streamer is None else lambda ids: streamer.put(_tensor(ids)),
     )
     if args.json:
@@ -127,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .bench import cli as bench_cli
     from .diffusion import cli as dllm_cli
+    from .heads import cli as heads_cli
     from .kv import cli as kv_cli
 
     parser = argparse.ArgumentParser(prog="leapdecode", description=__doc__)
@@ -134,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
     add_models(sub)
-    for module in (bench_cli, kv_cli, dllm_cli):
+    for module in (bench_cli, kv_cli, dllm_cli, heads_cli):
         module.register(sub)
     return parser
 

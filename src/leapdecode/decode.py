@@ -37,6 +37,7 @@ def decode(
     if not sampling.greedy:  # one seed for the whole request, drawn now if none was given
         sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
     start = time.perf_counter()
+    runner.keep_hidden = drafter.needs_hidden
     drafter.start(prompt_ids, sampling)
     first_logits = runner.prefill(prompt_ids)
     context = list(prompt_ids)
@@ -64,6 +65,8 @@ def decode(
         if stats.stop_reason:
             break
         drafter.observe(context, len(new))
+        if drafter.needs_hidden:
+            drafter.see_hidden(None if runner.hidden is None else runner.hidden[accepted])
         k = min(controller.next_k(), max_new_tokens - len(out) - 1, context_length - len(context))
         t = time.perf_counter()
         draft = drafter.propose(context, k) if k > 0 else Draft([])

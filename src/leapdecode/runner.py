@@ -24,6 +24,8 @@ class Runner:
     unless a KV press dropped entries, which is why position ids are always passed explicitly.
     A `press` (see leapdecode.kv) may compress the cache during prefill; decoding and rollback work the same after it.
     `packed_weights` runs the linear layers on pre-packed weights (see install_packed_linear); False keeps HF's.
+    With `keep_hidden`, `hidden` holds the final-norm hidden states of the rows of the last returned logits (what a
+    draft head drafts from), or None when the forward did not pass the final norm (a KV press prefill may not).
     """
 
     def __init__(self, model: torch.nn.Module, press=None, packed_weights: bool = True):
@@ -34,6 +36,8 @@ class Runner:
             install_packed_linear(model)
         self.cache: DynamicCache | None = None
         self.position = 0
+        self.keep_hidden = False
+        self.hidden: torch.Tensor | None = None
 
     @property
     def cache_length(self) -> int:
@@ -45,8 +49,9 @@ class Runner:
         self.cache = DynamicCache(config=self.model.config)
         self.position = 0
         if self.press is not None:
-            with _packed_enabled(self.packed_weights):
+            with packed_kernels(self.packed_weights), _final_norm_output(self) as captured:
                 logits = self.press.prefill(self.model, self._ids(token_ids), self.cache)
+            self.hidden = captured[-1][0, -1:] if captured else None
             self.position = len(token_ids)
             return logits
         return self._forward(token_ids, logits_to_keep=1)[-1]
@@ -69,7 +74,7 @@ class Runner:
     def _forward(self, token_ids: list[int], logits_to_keep: int) -> torch.Tensor:
         n = len(token_ids)
         past = self.cache_length
-        with _packed_enabled(self.packed_weights):
+        with packed_kernels(self.packed_weights), _final_norm_output(self) as captured:
             out = self.model(
                 input_ids=self._ids(token_ids),
                 past_key_values=self.cache,
@@ -79,7 +84,28 @@ class Runner:
                 logits_to_keep=logits_to_keep,
             )
         self.position += n
+        if self.keep_hidden:
+            self.hidden = captured[-1][0, -out.logits.shape[1]:] if captured else None
         return out.logits[0]
+
+
+class _final_norm_output:
+    """While active and runner.keep_hidden, collects the output of the model's final norm into the yielded list."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.hook = None
+
+    def __enter__(self) -> list:
+        captured: list = []
+        if self.runner.keep_hidden:
+            norm = self.runner.model.get_decoder().norm
+            self.hook = norm.register_forward_hook(lambda module, args, output: captured.append(output))
+        return captured
+
+    def __exit__(self, *exc):
+        if self.hook is not None:
+            self.hook.remove()
 
 
 def install_packed_linear(model: torch.nn.Module) -> None:
@@ -119,7 +145,7 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-class _packed_enabled:
+class packed_kernels:
     def __init__(self, on: bool):
         self.on = on
 

@@ -44,8 +44,8 @@ def _busy() -> str:
             + ("; --threads 1 is steadier on a shared machine" if threads > 1 else ""))
 
 
-def default_methods(has_draft: bool) -> str:
-    return ",".join(m for m in METHODS if has_draft or m not in NEEDS_DRAFT_MODEL)
+def default_methods(has_draft: bool, has_head: bool) -> str:
+    return ",".join(m for m in METHODS if (has_draft or m not in NEEDS_DRAFT_MODEL) and (has_head or m != "head"))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -56,7 +56,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .runner import BenchConfig
     from .suites import load_suite
 
-    methods = parse_methods(args.methods or default_methods(args.draft_model is not None), args.draft_model is not None)
+    from ..heads.model import has_shipped_head
+
+    has_head = args.head is not None or has_shipped_head(args.model)
+    methods = parse_methods(args.methods or default_methods(args.draft_model is not None, has_head),
+                            args.draft_model is not None)
     questions = load_suite(args.suite, _names(args.categories) or None, args.per_category)
     defaults = DEFAULTS["quick" if args.suite == "quick" else "other"]
     if args.threads is not None:
@@ -66,7 +70,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       repeats=args.repeats or defaults["repeats"], draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
                       sweep=_names(args.sweep), warmup=not args.no_warmup, draft_length=args.draft_length,
                       max_draft_length=args.max_draft_length, hf_prompt_lookup_tokens=args.hf_prompt_lookup_tokens,
-                      packed_weights=not args.hf_kernels)
+                      packed_weights=not args.hf_kernels, head=args.head)
     target = load_model(args.model, dtype=args.dtype)
     draft = load_model(args.draft_model, dtype=args.draft_dtype) if args.draft_model else None
     if draft is not None:
@@ -114,6 +118,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sweep", help=f"methods also run at each --draft-lengths value, from {', '.join(SWEEPABLE[:-1])}")
     p.add_argument("--draft-length", type=int, default=4, help="initial draft length of the adaptive drafters")
     p.add_argument("--max-draft-length", type=int, default=16)
+    p.add_argument("--head", help="draft head directory for method head (default: the target's shipped head)")
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (all methods)")
     p.add_argument("--draft-dtype", default="int8", help="draft model dtype for hf-assisted and draft-model (int8, bfloat16, float32)")

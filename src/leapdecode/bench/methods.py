@@ -17,7 +17,7 @@ from ..errors import LeapDecodeError, require
 from ..runner import Runner
 
 HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
-LEAP_METHODS = ("none", "prompt-lookup", "ngram", "draft-model", "oracle")
+LEAP_METHODS = ("none", "prompt-lookup", "ngram", "draft-model", "head", "oracle")
 FLOOR_METHOD = "bare-forward"
 METHODS = HF_METHODS + LEAP_METHODS + (FLOOR_METHOD,)
 NEEDS_DRAFT_MODEL = ("hf-assisted", "draft-model")
@@ -56,6 +56,7 @@ class BenchContext:
     max_draft_length: int = 16
     hf_prompt_lookup_tokens: int = 10
     packed_weights: bool = True
+    head: str | None = None  # draft head directory for method 'head' (default: the target's shipped head)
 
     @property
     def eos_ids(self) -> list[int]:
@@ -140,12 +141,20 @@ def run_leap(ctx: BenchContext, variant: Variant, messages: list[dict], referenc
                       draft_model=ctx.draft if variant.method == "draft-model" else None,
                       max_new_tokens=ctx.max_new_tokens, temperature=0.0, draft_length=k,
                       max_draft_length=k if fixed else max(k, ctx.max_draft_length), adaptive_draft_length=not fixed,
-                      drafter_options={"store_key": store_key} if variant.method == "ngram" else None,
+                      drafter_options=_drafter_options(ctx, variant.method, store_key),
                       packed_weights=ctx.packed_weights,
                       stream=lambda new: first or first.append(time.perf_counter() - start))
     wall = time.perf_counter() - start
     return Measurement(list(result.token_ids), wall, first[0] if first else wall, result.stats.forward_passes,
                        engine=result.stats.as_dict())
+
+
+def _drafter_options(ctx: BenchContext, method: str, store_key: str) -> dict | None:
+    if method == "ngram":
+        return {"store_key": store_key}
+    if method == "head" and ctx.head:
+        return {"head": ctx.head}
+    return None
 
 
 def run_bare_forward(ctx: BenchContext, prompt_ids: list[int]) -> Measurement:

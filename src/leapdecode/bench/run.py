@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..api import encode_prompt
+from ..api import attached_head, encode_prompt
 from ..errors import LeapDecodeError
 from ..models.quantize import dtype_name
 from .forward_cost import forward_costs
@@ -74,10 +74,19 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
         "draft-length sweep": f"k in {sorted(set(cfg.draft_lengths))} for oracle"
                               + "".join(f", {m}" for m in cfg.sweep) + " (adaptive off)",
         "hf-prompt-lookup": f"prompt_lookup_num_tokens={cfg.hf_prompt_lookup_tokens}",
+        "draft head": _head_source(ctx) if "head" in cfg.methods else "not measured",
         "linear kernels": ("pre-packed oneDNN weights for leapdecode methods, HF's F.linear for hf-* methods"
                            if cfg.packed_weights else "HF's F.linear for all methods (--hf-kernels)"),
         "command": " ".join(["leapdecode", *sys.argv[1:]]) if sys.argv else "",
     }
+
+
+def _head_source(ctx: BenchContext) -> str:
+    head = attached_head(ctx.target, ctx.head or ctx.target.name)
+    summary = head.meta.get("summary", {})
+    return (f"{ctx.head or 'shipped head of ' + ctx.target.name}: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M "
+            f"parameters, {len(head.vocab_ids)} output tokens, trained on {summary.get('answer_tokens', '?')} answer "
+            "tokens of the project's own prompts (none from the suites)")
 
 
 def run_benchmark(target, questions: list[Question], cfg: BenchConfig, out: str | pathlib.Path, *, draft=None,
@@ -89,7 +98,7 @@ def run_benchmark(target, questions: list[Question], cfg: BenchConfig, out: str 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LeapDecodeError(f"cannot create output directory {out}: {e.strerror or e}") from None
-    ctx = BenchContext(target=target, draft=draft, packed_weights=cfg.packed_weights)
+    ctx = BenchContext(target=target, draft=draft, packed_weights=cfg.packed_weights, head=cfg.head)
     setup = machine_setup(ctx, cfg, suite, questions)
     from transformers.utils import logging as tlog
 

@@ -27,6 +27,7 @@ class BenchConfig:
     max_draft_length: int = 16
     hf_prompt_lookup_tokens: int = 10
     packed_weights: bool = True  # leapdecode methods run on pre-packed weights (HF methods always use F.linear)
+    head: str | None = None      # draft head directory for method 'head' (None: the target's shipped head)
 
     def __post_init__(self) -> None:
         require(self.max_new_tokens > 0, f"--max-new-tokens must be positive, got {self.max_new_tokens}")

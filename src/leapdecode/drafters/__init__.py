@@ -4,20 +4,21 @@ from __future__ import annotations
 from ..errors import LeapDecodeError
 from .base import Draft, Drafter
 from .draft_model import DraftModelDrafter
+from .head import HeadDrafter
 from .ngram import NGramDrafter
 from .none import NoDrafter
 from .oracle import OracleDrafter
 from .prompt_lookup import PromptLookupDrafter
 
-DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model")
+DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model", "head")
 
 __all__ = ["Draft", "Drafter", "DRAFTERS", "make_drafter", "NoDrafter", "PromptLookupDrafter", "NGramDrafter",
-           "DraftModelDrafter", "OracleDrafter"]
+           "DraftModelDrafter", "HeadDrafter", "OracleDrafter"]
 
 
-def make_drafter(name: str, *, draft_model=None, reference: list[int] | None = None, **options) -> Drafter:
-    """Build a drafter by its CLI name. `draft_model` (an HF model) is required for draft-model,
-    `reference` (the known greedy continuation) for oracle."""
+def make_drafter(name: str, *, draft_model=None, reference: list[int] | None = None, head=None, **options) -> Drafter:
+    """Build a drafter by its CLI name. `draft_model` (an HF model) is required for draft-model, `head` (a DraftHead
+    attached to the target) for head, `reference` (the known greedy continuation) for oracle."""
     if name == "none":
         return NoDrafter()
     if name == "prompt-lookup":
@@ -28,6 +29,10 @@ def make_drafter(name: str, *, draft_model=None, reference: list[int] | None = N
         if draft_model is None:
             raise LeapDecodeError("drafter 'draft-model' needs a draft model (--draft-model NAME)")
         return DraftModelDrafter(draft_model, **options)
+    if name == "head":
+        if head is None:
+            raise LeapDecodeError("drafter 'head' needs a trained draft head (leapdecode.heads.load_head)")
+        return HeadDrafter(head, **options)
     if name == "oracle":
         if reference is None:
             raise LeapDecodeError("drafter 'oracle' needs the reference continuation (benchmark only)")

@@ -27,6 +27,7 @@ class Drafter:
     """
 
     name = "base"
+    needs_hidden = False  # True: the loop calls see_hidden() with the target's last feature after every step
 
     def start(self, prompt_ids: list[int], sampling: SamplingConfig) -> None:
         """Called once per request, before decoding starts."""
@@ -36,3 +37,7 @@ class Drafter:
 
     def observe(self, context: list[int], n_new: int) -> None:
         """Called after every step; the last n_new tokens of context are new (accepted + the target's token)."""
+
+    def see_hidden(self, feature) -> None:
+        """Only for needs_hidden drafters: the target's final-norm hidden state [d] at the position that predicted
+        the last token of the context (None when the runner could not record it)."""

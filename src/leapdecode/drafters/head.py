@@ -1,0 +1,77 @@
+"""Draft-head drafter: a trained head (see leapdecode.heads) drafts from the target's own last feature.
+
+After each verification the decode loop hands over the target's final-norm hidden state at the position that
+produced the step's last token; the head rolls it forward one token at a time, proposing its top-1 token each step.
+The head scores the tokens it was trained on plus every token of the current prompt and output (names, numbers and
+code identifiers a request copies are often rare elsewhere). The head has no attention, so it cannot copy long spans;
+with `lookup_ngram` n > 0 (default 2), when the last n or more tokens occurred earlier in the request the draft starts
+with what followed them (prompt lookup) and the head, fed those tokens, continues it to k. Drafting costs a few small
+matrix products per token and no KV cache, so a rejected draft leaves nothing to undo.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import require
+from ..runner import install_packed_linear, packed_kernels
+from .base import EMPTY, Draft, Drafter
+from .prompt_lookup import PromptLookupDrafter
+
+
+class HeadDrafter(Drafter):
+    name = "head"
+    needs_hidden = True
+
+    def __init__(self, head, lookup_ngram: int = 2):
+        require(0 <= lookup_ngram <= 3, f"head lookup_ngram must be in 0..3 (0 = no lookup), got {lookup_ngram}")
+        self.head = head
+        self.lookup = PromptLookupDrafter(max_ngram=3, min_ngram=lookup_ngram) if lookup_ngram else None
+        install_packed_linear(head)
+        self.feature: torch.Tensor | None = None
+        self.start([], None)
+
+    def start(self, prompt_ids, sampling) -> None:
+        self.feature = None
+        self.known = set(self.head.vocab_ids.tolist())
+        self.extra_ids: list[int] = []                                     # request tokens outside vocab_ids
+        self.extra_weight = self.head.out_weight[:0]                       # their output-head rows
+        self._add(prompt_ids)
+
+    def observe(self, context: list[int], n_new: int) -> None:
+        self._add(context[-n_new:])
+
+    def see_hidden(self, feature: torch.Tensor | None) -> None:
+        self.feature = feature
+
+    def _add(self, tokens: list[int]) -> None:
+        new = sorted(set(tokens) - self.known)
+        if new:
+            self.known.update(new)
+            self.extra_ids += new
+            self.extra_weight = torch.cat([self.extra_weight, self.head.rows(new)])
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int) -> Draft:
+        if self.feature is None:  # e.g. a KV press prefill that bypassed the final norm
+            return EMPTY
+        tokens = list(self.lookup.propose(context, k).tokens) if self.lookup else []  # a copy: EMPTY is shared
+        if len(tokens) == k:
+            return Draft(tokens)
+        feature, token = self.feature, torch.tensor(context[-1])
+        with packed_kernels(True):
+            for copied in tokens:  # roll the feature through the copied tokens
+                feature, token = self.head.step(feature, token), torch.tensor(copied)
+            while len(tokens) < k:
+                feature = self.head.step(feature, token)
+                token = self._top1(feature)
+                tokens.append(int(token))
+        return Draft(tokens)
+
+    def _top1(self, feature: torch.Tensor) -> torch.Tensor:
+        scores = self.head.logits(feature)
+        best = scores.argmax()
+        if self.extra_ids:
+            extra = self.extra_weight @ feature.to(self.extra_weight.dtype)
+            if extra.max() > scores[best]:
+                return torch.tensor(self.extra_ids[int(extra.argmax())])
+        return self.head.vocab_ids[best]

@@ -1,0 +1,96 @@
+"""Draft heads: training learns the target's continuations, checkpoints round-trip, bad input gets a clear error.
+(Losslessness of the head drafter is part of the property test in test_lossless.py.)"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import greedy_records, tiny_head, tiny_model
+from leapdecode.controller import DraftLengthController
+from leapdecode.decode import decode
+from leapdecode.drafters import make_drafter
+from leapdecode.errors import LeapDecodeError
+from leapdecode.heads.model import load_head
+from leapdecode.heads.train import IGNORE, Windows, evaluate, features
+from leapdecode.runner import Runner
+from leapdecode.sampling import SamplingConfig
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=5)
+
+
+def held_out(model, head):
+    records = greedy_records(model, 10, seed=99)
+    index = torch.full((model.config.vocab_size,), IGNORE)
+    index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
+    return evaluate(head, Windows(features(model, records), records, index, depth=3))
+
+
+def test_training_learns_the_targets_continuations(target):
+    trained, summary = tiny_head(target, trained=True)
+    random_head, _ = tiny_head(target, trained=False)
+    good, bad = held_out(target, trained), held_out(target, random_head)
+    assert good["mean_accepted"] > 0.8 and good["mean_accepted"] > 3 * bad["mean_accepted"], (good, bad)
+    assert summary["val"]["top1_per_step"][0] > 0.4
+
+
+def test_head_drafts_are_accepted_in_decoding(target):
+    head, _ = tiny_head(target, trained=True)
+    prompt = greedy_records(target, 1, seed=123)[0]["prompt_ids"]
+    out, stats = decode(Runner(target), prompt, make_drafter("head", head=head), sampling=SamplingConfig(),
+                        controller=DraftLengthController(k_init=3, adaptive=False), max_new_tokens=30, eos_ids=set(),
+                        context_length=512)
+    assert len(out) == 30 and stats.accepted_draft_tokens > 0 and stats.forward_passes < 30
+
+
+def test_checkpoint_round_trip(target, tmp_path):
+    head, _ = tiny_head(target, trained=True)
+    head.save(tmp_path, {"summary": {"answer_tokens": 1}})
+    loaded = load_head(tmp_path).attach(target)
+    for name, value in head.state_dict().items():
+        expected = value.to(torch.bfloat16).float() if value.is_floating_point() else value
+        assert torch.equal(loaded.state_dict()[name], expected), name
+    assert loaded.meta["summary"] == {"answer_tokens": 1}
+
+
+def test_clear_errors(target):
+    with pytest.raises(LeapDecodeError, match="no trained draft head for 'nope'"):
+        load_head("nope")
+    head, _ = tiny_head(target, trained=False)
+    other = tiny_model("llama", seed=6, vocab=80)
+    with pytest.raises(LeapDecodeError, match="trained for tiny"):
+        head.attach(other)
+    with pytest.raises(LeapDecodeError, match="needs a trained draft head"):
+        make_drafter("head")
+
+
+def test_head_also_scores_the_requests_own_tokens(target):
+    """Tokens outside the trained vocabulary that occur in the prompt or output are proposed when they score best."""
+    from leapdecode.drafters.head import HeadDrafter
+    from leapdecode.heads.model import DraftHead, HeadConfig
+
+    config = HeadConfig(hidden_size=64, intermediate_size=32, target_vocab_size=96, target="tiny")
+    head = DraftHead(config, torch.arange(0, 96, 2)).attach(target)   # trained on even tokens only
+    drafter = HeadDrafter(head)
+    drafter.start([7, 9, 11, 8], None)
+    drafter.observe([7, 9, 11, 8, 13], 1)
+    allowed = torch.tensor(sorted(set(range(0, 96, 2)) | {7, 9, 11, 13}))
+    full = target.get_output_embeddings().weight.detach()
+    picks = []
+    for seed in range(40):
+        feature = torch.randn(64, generator=torch.Generator().manual_seed(seed))
+        picks.append(int(allowed[(full[allowed] @ feature).argmax()]))
+        assert int(drafter._top1(feature)) == picks[-1]
+    assert set(picks) & {7, 9, 11, 13}, "no seed exercised a request token"
+
+
+def test_cli_rejects_nonsense_before_loading_anything(tmp_path, capsys):
+    from leapdecode.cli import main
+
+    assert main(["heads", "train", "--out", str(tmp_path), "--epochs", "0"]) == 2
+    assert main(["generate", "hi", "--drafter", "ngram", "--head", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["leapdecode: error: --vocab, --depth, --epochs, --batch-size and --lr must be positive",
+                   "leapdecode: error: --head goes with --drafter head"]
