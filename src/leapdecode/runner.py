@@ -1,12 +1,15 @@
 """Runner: owns one causal LM and its KV cache. The only place that calls the model's forward pass."""
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import types
 import weakref
 
 import torch
 from transformers import DynamicCache
+
+from .errors import LeapDecodeError
 
 _packed = contextvars.ContextVar("leapdecode_packed_linear", default=False)
 # module -> ((weight pointer, version), packed weight); outside the module so that copies of a model don't carry it
@@ -89,23 +92,22 @@ class Runner:
         return out.logits[0]
 
 
-class _final_norm_output:
+@contextlib.contextmanager
+def _final_norm_output(runner: Runner):
     """While active and runner.keep_hidden, collects the output of the model's final norm into the yielded list."""
-
-    def __init__(self, runner: Runner):
-        self.runner = runner
-        self.hook = None
-
-    def __enter__(self) -> list:
-        captured: list = []
-        if self.runner.keep_hidden:
-            norm = self.runner.model.get_decoder().norm
-            self.hook = norm.register_forward_hook(lambda module, args, output: captured.append(output))
-        return captured
-
-    def __exit__(self, *exc):
-        if self.hook is not None:
-            self.hook.remove()
+    captured: list = []
+    hook = None
+    if runner.keep_hidden:
+        norm = getattr(runner.model.get_decoder(), "norm", None)
+        if norm is None:
+            raise LeapDecodeError(f"{type(runner.model).__name__} has no final `norm` layer to read hidden states "
+                                  "from (draft heads support Llama/Qwen2-family models)")
+        hook = norm.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        yield captured
+    finally:
+        if hook is not None:
+            hook.remove()
 
 
 def install_packed_linear(model: torch.nn.Module) -> None:
