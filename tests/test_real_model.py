@@ -59,6 +59,7 @@ def divergence_report(loaded, prompt_ids, expected, got) -> str:
 @pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "ngram", "draft-model", "head"])
 def test_every_drafter_reproduces_greedy(smollm, bf16_twin, drafter):
     max_new = 64
+    new_tokens = forwards = 0
     for prompt in PROMPTS:
         prompt_ids = encode_prompt(smollm.tokenizer, prompt)
         expected = hf_greedy(smollm, prompt_ids, max_new)
@@ -71,8 +72,11 @@ def test_every_drafter_reproduces_greedy(smollm, bf16_twin, drafter):
         assert result.token_ids == expected, divergence_report(smollm, prompt_ids, expected, result.token_ids)
         if drafter == "draft-model":
             assert result.stats.mean_accepted_tokens > 1.5  # the bf16 twin must actually be accepted often
-        if drafter == "head":
-            assert result.stats.mean_accepted_tokens > 1.3  # the shipped head must actually be accepted
+        new_tokens += result.stats.new_tokens
+        forwards += result.stats.forward_passes
+    if drafter == "head":
+        # the shipped head must actually be accepted: over all prompts, not on each (a 20-token answer can be unlucky)
+        assert new_tokens / forwards > 1.4
 
 
 def test_sampling_is_reproducible_with_a_seed(smollm):
