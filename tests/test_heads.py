@@ -45,6 +45,22 @@ def test_head_drafts_are_accepted_in_decoding(target):
     assert len(out) == 30 and stats.accepted_draft_tokens > 0 and stats.forward_passes < 30
 
 
+def test_unsure_drafts_stop_early(target):
+    """With a confidence threshold the head stops once its path probability falls under it, keeping one token."""
+    head, _ = tiny_head(target, trained=False)
+    context = greedy_records(target, 1, seed=7)[0]["prompt_ids"]
+    feature = torch.randn(target.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    lengths = {}
+    for confidence in (0.0, 0.999):
+        drafter = make_drafter("head", head=head, lookup_ngram=0, confidence=confidence)
+        drafter.start(context, None)
+        drafter.see_hidden(feature)
+        lengths[confidence] = len(drafter.propose(context, 6).tokens)
+    assert lengths == {0.0: 6, 0.999: 1}
+    with pytest.raises(LeapDecodeError, match="confidence threshold must be in"):
+        make_drafter("head", head=head, confidence=1.5)
+
+
 def test_checkpoint_round_trip(target, tmp_path):
     head, _ = tiny_head(target, trained=True)
     head.save(tmp_path, {"summary": {"answer_tokens": 1}})
@@ -81,8 +97,11 @@ def test_head_also_scores_the_requests_own_tokens(target):
     picks = []
     for seed in range(40):
         feature = torch.randn(64, generator=torch.Generator().manual_seed(seed))
-        picks.append(int(allowed[(full[allowed] @ feature).argmax()]))
-        assert int(drafter._top1(feature)) == picks[-1]
+        scores = full[allowed] @ feature
+        picks.append(int(allowed[scores.argmax()]))
+        token, probability = drafter._top1(feature)
+        assert int(token) == picks[-1]
+        assert probability == pytest.approx(float(scores.softmax(-1).max()), rel=1e-4)
     assert set(picks) & {7, 9, 11, 13}, "no seed exercised a request token"
 
 

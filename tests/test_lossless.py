@@ -76,7 +76,8 @@ def run_property(models, arch, data):
         options = {"max_ngram": data.draw(st.integers(1, 4), label="max_ngram")}
     elif drafter_name == "head":
         options = {"head": models[arch]["heads"][data.draw(st.sampled_from(["trained", "random"]), label="head")],
-                   "lookup_ngram": data.draw(st.integers(0, 3), label="lookup_ngram")}
+                   "lookup_ngram": data.draw(st.integers(0, 3), label="lookup_ngram"),
+                   "confidence": data.draw(st.sampled_from([0.0, 0.1, 0.5]), label="confidence")}
     elif drafter_name == "ngram":
         options = {"store_key": f"test-{arch}"}
     drafter = make_drafter(drafter_name, **options)

@@ -5,7 +5,8 @@ produced the step's last token; the head rolls it forward one token at a time, p
 The head scores the tokens it was trained on plus every token of the current prompt and output (names, numbers and
 code identifiers a request copies are often rare elsewhere). The head has no attention, so it cannot copy long spans;
 with `lookup_ngram` n > 0 (default 2), when the last n or more tokens occurred earlier in the request the draft starts
-with what followed them (prompt lookup) and the head, fed those tokens, continues it to k. Drafting costs a few small
+with what followed them (prompt lookup) and the head, fed those tokens, continues it to k. The head stops early once the product of its top-1 probabilities
+along the draft falls under `confidence` (EAGLE-2's observation that the draft's confidence tracks acceptance); a draft keeps at least one token. Drafting costs a few small
 matrix products per token and no KV cache, so a rejected draft leaves nothing to undo.
 """
 from __future__ import annotations
@@ -22,9 +23,11 @@ class HeadDrafter(Drafter):
     name = "head"
     needs_hidden = True
 
-    def __init__(self, head, lookup_ngram: int = 2):
+    def __init__(self, head, lookup_ngram: int = 2, confidence: float = 0.1):
         require(0 <= lookup_ngram <= 3, f"head lookup_ngram must be in 0..3 (0 = no lookup), got {lookup_ngram}")
+        require(0 <= confidence < 1, f"head confidence threshold must be in [0, 1), got {confidence}")
         self.head = head
+        self.confidence = confidence
         self.lookup = PromptLookupDrafter(max_ngram=3, min_ngram=lookup_ngram) if lookup_ngram else None
         install_packed_linear(head)
         self.feature: torch.Tensor | None = None
@@ -61,17 +64,22 @@ class HeadDrafter(Drafter):
         with packed_kernels(True):
             for copied in tokens:  # roll the feature through the copied tokens
                 feature, token = self.head.step(feature, token), torch.tensor(copied)
+            path_probability = 1.0
             while len(tokens) < k:
                 feature = self.head.step(feature, token)
-                token = self._top1(feature)
+                token, probability = self._top1(feature)
+                path_probability *= probability
+                if path_probability < self.confidence and tokens:
+                    break
                 tokens.append(int(token))
         return Draft(tokens)
 
-    def _top1(self, feature: torch.Tensor) -> torch.Tensor:
+    def _top1(self, feature: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The most likely token among those the head scores, and its probability among them."""
         scores = self.head.logits(feature)
-        best = scores.argmax()
         if self.extra_ids:
-            extra = self.extra_weight @ feature.to(self.extra_weight.dtype)
-            if extra.max() > scores[best]:
-                return torch.tensor(self.extra_ids[int(extra.argmax())])
-        return self.head.vocab_ids[best]
+            scores = torch.cat([scores, self.extra_weight @ feature.to(self.extra_weight.dtype)])
+        probability, best = scores.float().softmax(-1).max(-1)
+        n = len(self.head.vocab_ids)
+        token = self.head.vocab_ids[best] if best < n else torch.tensor(self.extra_ids[int(best) - n])
+        return token, float(probability)
