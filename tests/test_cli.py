@@ -56,6 +56,15 @@ def test_draft_model_with_same_tokenizer_runs(capsys, tiny_dir):
     assert code == 0 and json.loads(out)["drafter"] == "draft-model"
 
 
+def test_default_drafter_is_the_shipped_head_or_prompt_lookup(capsys, tiny_dir):
+    from leapdecode.api import default_drafter
+
+    assert default_drafter("smollm2-135m") == "head"
+    assert default_drafter(tiny_dir) == default_drafter("org/model") == default_drafter("") == "prompt-lookup"
+    code, out, _ = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--json", "--max-new-tokens", "4")
+    assert code == 0 and json.loads(out)["drafter"] == "prompt-lookup"
+
+
 BAD_INPUTS = {
     "unknown model": (["--model", "no-such-model-xyz"], "unknown model"),
     "missing gguf": (["--model", "/nonexistent/dir/model.gguf"], "not found"),

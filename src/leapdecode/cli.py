@@ -27,7 +27,8 @@ def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text with speculative decoding")
     p.add_argument("prompt", help="the user message (chat template applied unless --raw); '-' reads standard input")
     p.add_argument("--model", default=DEFAULT_MODEL, help="packaged name, local HF directory, .gguf file or cached hub id")
-    p.add_argument("--drafter", default="prompt-lookup", choices=DRAFTERS)
+    p.add_argument("--drafter", default="auto", choices=("auto", *DRAFTERS),
+                   help="auto (default): the model's shipped draft head if it has one, else prompt-lookup")
     p.add_argument("--draft-model", help="the draft model for --drafter draft-model (same tokenizer as --model)")
     p.add_argument("--head", help="draft head directory for --drafter head (default: the model's shipped head)")
     p.add_argument("--max-new-tokens", type=_int, default=256)

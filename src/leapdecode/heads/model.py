@@ -86,7 +86,9 @@ class DraftHead(nn.Module):
 
 
 def has_shipped_head(target: str) -> bool:
-    return (CHECKPOINT_DIR / str(target) / "head.json").exists()
+    """Whether a head ships for this short model name (paths and hub ids never match)."""
+    name = str(target)
+    return bool(name) and pathlib.Path(name).name == name and (CHECKPOINT_DIR / name / "head.json").exists()
 
 
 def load_head(source: str | pathlib.Path, dtype: torch.dtype = torch.float32) -> DraftHead:
