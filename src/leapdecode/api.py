@@ -146,9 +146,8 @@ def generate(
     Greedy (temperature 0) output is token for token that of plain greedy decoding; with temperature > 0 the output
     follows the same distribution as plain sampling. `drafter`: a name in leapdecode.drafters.DRAFTERS, "auto" (the
     model's shipped draft head if it has one, else prompt lookup) or a Drafter. `stream` receives each step's new
-    token ids. A draft model given
-    by name loads in `draft_dtype` (int8 by default, see models.quantize: the draft's precision changes speed, never
-    the output).
+    token ids. A draft model given by name loads in `draft_dtype` (int8 by default, see models.quantize: the draft's
+    precision changes speed, never the output).
     `packed_weights=False` runs the target's linear layers through HF's own `F.linear` instead of pre-packed weights
     (same numbers in bf16; in fp32 they round differently, as any two GEMMs do).
     """

@@ -1,13 +1,14 @@
 """Draft-head drafter: a trained head (see leapdecode.heads) drafts from the target's own last feature.
 
-After each verification the decode loop hands over the target's final-norm hidden state at the position that
-produced the step's last token; the head rolls it forward one token at a time, proposing its top-1 token each step.
-The head scores the tokens it was trained on plus every token of the current prompt and output (names, numbers and
-code identifiers a request copies are often rare elsewhere). The head has no attention, so it cannot copy long spans;
-with `lookup_ngram` n > 0 (default 2), when the last n or more tokens occurred earlier in the request the draft starts
-with what followed them (prompt lookup) and the head, fed those tokens, continues it to k. The head stops early once the product of its top-1 probabilities
-along the draft falls under `confidence` (EAGLE-2's observation that the draft's confidence tracks acceptance); a draft keeps at least one token. Drafting costs a few small
-matrix products per token and no KV cache, so a rejected draft leaves nothing to undo.
+After each verification the decode loop hands over the target's final-norm hidden state at the position that produced
+the step's last token; the head rolls it forward one token at a time, proposing its top-1 token each step. The head
+scores the tokens it was trained on plus every token of the current prompt and output (names, numbers and code
+identifiers a request copies are often rare elsewhere). The head has no attention, so it cannot copy long spans; with
+`lookup_ngram` n > 0 (default 2), when the last n or more tokens occurred earlier in the request the draft starts with
+what followed them (prompt lookup) and the head, fed those tokens, continues it to k. The head stops early once the
+product of its top-1 probabilities along the draft falls under `confidence` (EAGLE-2's observation that the draft's
+confidence tracks acceptance); a draft keeps at least one token. Drafting costs a few small matrix products per token
+and no KV cache, so a rejected draft leaves nothing to undo.
 """
 from __future__ import annotations
 
