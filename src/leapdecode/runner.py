@@ -123,11 +123,16 @@ def install_packed_linear(model: torch.nn.Module) -> None:
             module.forward = types.MethodType(_packed_forward, module)
 
 
+def fast_bf16() -> bool:
+    """Whether this CPU runs oneDNN's bf16 kernels (AVX-512 and newer); elsewhere bf16 matmuls are slower than fp32."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def _packable(weight: torch.Tensor) -> bool:
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if weight.dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return fast_bf16()
     return weight.dtype == torch.float32
 
 
