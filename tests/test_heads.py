@@ -113,3 +113,18 @@ def test_cli_rejects_nonsense_before_loading_anything(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["leapdecode: error: --vocab, --depth, --epochs, --batch-size and --lr must be positive",
                    "leapdecode: error: --head goes with --drafter head"]
+
+
+def test_questions_the_target_writes_become_prompts():
+    import random
+
+    from leapdecode.heads.prompts import SUBJECTS, question_requests, subject_round, written_question
+
+    assert written_question('A curious student might ask: "What is the difference between a hawk and an owl?"') == \
+        "What is the difference between a hawk and an owl?"
+    assert written_question("Why do people enjoy picnics?\nThey are fun.") == "Why do people enjoy picnics?"
+    for unusable in ["Why atoms?", "How to make a wooden chair.", "Why would a child ask about backups?", "", "  "]:
+        assert written_question(unusable) is None, unusable
+    assert len(question_requests()) == 3 * len(SUBJECTS)
+    chats = subject_round(random.Random(0), ["Why do owls hunt at night?"])
+    assert len(chats) == 1 + 2 * len(SUBJECTS) and [{"role": "user", "content": "Why do owls hunt at night?"}] in chats

@@ -14,7 +14,7 @@ import torch
 
 from ..api import encode_prompt
 from ..runner import install_packed_linear, packed_kernels
-from .prompts import first_round, follow_ups
+from .prompts import first_round, follow_ups, question_requests, subject_round, written_question
 
 
 def unused_code_prompts() -> list[str]:
@@ -57,7 +57,7 @@ def answer(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, batch
 
 def build_dataset(model, tokenizer, out: pathlib.Path, max_new_tokens: int = 128, follow_up_count: int = 200,
                   seed: int = 0, limit: int | None = None, batch_size: int = 32, progress=None) -> list[dict]:
-    """First-round answers, then follow-ups built from them; written to `out` (JSONL) and returned. Generation runs
+    """First-round answers, follow-ups built from them, then answers over the subjects; written to `out` (JSONL) and returned. Generation runs
     on the Runner's packed kernels (batches of 32: ~120 tokens/s on SmolLM2-135M, 2 threads)."""
     rng = random.Random(seed)
     chats = first_round(rng, unused_code_prompts())[:limit]
@@ -66,11 +66,20 @@ def build_dataset(model, tokenizer, out: pathlib.Path, max_new_tokens: int = 128
         records = answer(model, tokenizer, chats, max_new_tokens, batch_size, progress=progress)
         second = follow_ups(rng, [r["chat"] for r in records], follow_up_count if limit is None else limit // 4)
         records += answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
+        records += subject_answers(model, tokenizer, random.Random(seed + 1), max_new_tokens, batch_size, limit, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
         for r in records:
             f.write(json.dumps({"prompt_ids": r["prompt_ids"], "answer_ids": r["answer_ids"]}) + "\n")
     return records
+
+
+def subject_answers(model, tokenizer, rng: random.Random, max_new_tokens: int, batch_size: int = 32,
+                    limit: int | None = None, progress=None) -> list[dict]:
+    """The target writes questions about the subjects, then answers them and two templated requests per subject."""
+    replies = answer(model, tokenizer, question_requests()[:limit], 48, batch_size)
+    questions = [q for r in replies if (q := written_question(r["chat"][-1]["content"]))]
+    return answer(model, tokenizer, subject_round(rng, questions)[:limit], max_new_tokens, batch_size, progress=progress)
 
 
 def load_dataset(path: pathlib.Path) -> list[dict]:

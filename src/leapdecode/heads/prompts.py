@@ -4,11 +4,15 @@ A head learns to predict the target's own greedy answers, so what matters is tha
 the target is asked for (chat, explanations, letters, lists, step-by-step arithmetic, code, and tasks that copy from
 the prompt: summaries, rewrites, questions over documents). None of the texts of ``bench/suite_texts.py`` is reused;
 the code prompts are the HumanEval problems the suites do not use. Second-round prompts (summarize / rewrite / answer
-from documents) are built from the target's first-round answers by ``follow_ups``.
+from documents) are built from the target's first-round answers by ``follow_ups``. A third round covers ~200 more
+subjects with questions the target writes itself (``question_requests``): a head trained on few topics memorises their
+answers (5 accepted tokens per forward on its own training prompts, 1.3 on new questions), so breadth of wording and
+content is what carries over to unseen requests.
 """
 from __future__ import annotations
 
 import random
+import re
 
 TOPICS = [
     "photosynthesis", "black holes", "the water cycle", "compound interest", "the French Revolution", "plate tectonics",
@@ -39,6 +43,47 @@ PEOPLE = [("my neighbour", "a noisy party last night"), ("my manager", "taking t
 JOBS = ["nurse", "software engineer", "farmer", "chef", "pilot", "librarian", "firefighter", "teacher", "architect",
         "marine biologist", "bus driver", "museum curator"]
 
+SUBJECTS = [
+    # nature and science
+    "owls", "coral reefs", "mushrooms", "octopuses", "thunderstorms", "rainbows", "hurricanes", "caves", "fossils",
+    "dinosaurs", "wolves", "elephants", "migrating birds", "sharks", "ants", "spiders", "whales", "frogs", "tornadoes",
+    "snowflakes", "lightning", "magnets", "sound waves", "gravity", "friction", "batteries", "rust", "soap", "salt",
+    "sugar", "bread yeast", "cheese making", "fermentation", "bones", "muscles", "the stomach", "the liver", "skin",
+    "eyesight", "hearing", "sleep", "allergies", "headaches", "blood types", "the common cold", "teeth", "hiccups",
+    "the Sun", "Mars", "Jupiter", "Saturn's rings", "the Milky Way", "comets", "telescopes", "satellites",
+    "the International Space Station", "astronauts", "rockets", "eclipses", "the speed of light", "atoms",
+    "chemical reactions", "acids and bases", "plastic", "glass", "steel", "concrete", "wood", "cotton", "wool",
+    # technology
+    "smartphones", "email", "Wi-Fi", "search engines", "computer viruses", "databases", "spreadsheets",
+    "programming languages", "operating systems", "robots", "drones", "self-driving cars", "electric bikes",
+    "trains", "ships", "bridges", "skyscrapers", "elevators", "air conditioning", "microwave ovens", "washing machines",
+    "light bulbs", "cameras", "television", "radio", "the telephone", "printers", "keyboards", "web browsers",
+    "encryption", "backups", "version control", "open data", "artificial intelligence", "chatbots", "video calls",
+    # society, history, economy
+    "democracy", "elections", "taxes", "banks", "insurance", "pensions", "mortgages", "trade", "tourism",
+    "libraries", "museums", "newspapers", "advertising", "fashion", "architecture", "city parks", "traffic jams",
+    "the Vikings", "the Aztecs", "the Ming dynasty", "the Cold War", "the invention of writing", "medieval castles",
+    "the steam engine", "the railway age", "ancient Greece", "the Ottoman Empire", "the Age of Exploration",
+    "world languages", "sign language", "translation", "storytelling", "folk tales", "board games", "card games",
+    "football", "basketball", "tennis", "swimming", "cycling races", "mountain climbing", "sailing", "skiing",
+    # daily life
+    "cooking rice", "baking cakes", "making soup", "spices", "chocolate", "cheese", "olive oil", "fruit", "vegetables",
+    "breakfast", "packed lunches", "picnics", "birthdays", "holidays", "moving house", "job interviews",
+    "writing a CV", "time management", "procrastination", "stress", "friendship", "parenting", "pets", "dogs",
+    "cats", "aquariums", "bird watching", "painting", "drawing", "photography", "knitting", "woodworking",
+    "playing the piano", "singing", "dancing", "theatre", "cinema", "podcasts", "reading habits", "poetry",
+    "journaling", "recycling electronics", "saving energy at home", "composting", "growing tomatoes",
+    "cleaning a kitchen", "first aid", "road safety", "fire safety", "budgeting", "online shopping",
+    "second-hand clothes", "volunteering", "remote work", "commuting", "car maintenance", "learning maths",
+]
+# the target writes its own questions about each subject (see written_question); they add the variety of wording
+# that fixed templates lack
+QUESTION_REQUESTS = [
+    "Write one specific question that a curious student might ask about {subject}. Reply with the question only.",
+    "Write one question starting with 'Why' that a child might ask about {subject}. Reply with the question only.",
+    "Write one practical question starting with 'How' that someone might ask about {subject}. Reply with the question only.",
+]
+
 TEMPLATES = [
     "Explain {topic} in simple terms.",
     "Write a short blog post about {topic}.",
@@ -60,6 +105,29 @@ def first_round(rng: random.Random, unused_code: list[str]) -> list[list[dict]]:
     prompts += [f"Describe a typical working day of a {job}." for job in JOBS]
     prompts += [_word_problem(rng) for _ in range(60)]
     prompts += unused_code
+    rng.shuffle(prompts)
+    return [[{"role": "user", "content": p}] for p in prompts]
+
+
+def question_requests() -> list[list[dict]]:
+    """Chats asking the target to write a question about each subject; its replies become prompts."""
+    return [[{"role": "user", "content": r.format(subject=s)}] for s in SUBJECTS for r in QUESTION_REQUESTS]
+
+
+def written_question(reply: str) -> str | None:
+    """The question in the target's reply to a question request (quoted or on its first line), or None when the
+    reply holds no usable question (too short, no question mark, or talking about asking instead)."""
+    quoted = re.search(r'"([^"]{12,})"', reply)
+    lines = reply.strip().splitlines()
+    question = (quoted.group(1) if quoted else lines[0] if lines else "").strip()
+    if len(question.split()) < 4 or not question.endswith("?") or "ask" in question.lower():
+        return None
+    return question
+
+
+def subject_round(rng: random.Random, questions: list[str]) -> list[list[dict]]:
+    """Chats of one user turn over SUBJECTS: the target's own questions plus two templated requests per subject."""
+    prompts = list(questions) + [t.format(topic=s) for s in SUBJECTS for t in rng.sample(TEMPLATES, 2)]
     rng.shuffle(prompts)
     return [[{"role": "user", "content": p}] for p in prompts]
 
