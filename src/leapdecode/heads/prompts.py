@@ -116,7 +116,8 @@ def question_requests() -> list[list[dict]]:
 
 def written_question(reply: str) -> str | None:
     """The question in the target's reply to a question request (quoted or on its first line), or None when the
-    reply holds no usable question (too short, no question mark, or talking about asking instead)."""
+    reply holds no usable question (too short, no question mark, or talking about asking instead: any "ask" in it,
+    a coarse filter that also drops the odd "task"; the shipped head's data was built with it)."""
     quoted = re.search(r'"([^"]{12,})"', reply)
     lines = reply.strip().splitlines()
     question = (quoted.group(1) if quoted else lines[0] if lines else "").strip()
