@@ -41,3 +41,68 @@ def test_packed_weights_follow_weight_changes_and_can_be_turned_off():
         plain = model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
     assert torch.allclose(after, plain, atol=1e-4, rtol=1e-4)
     assert torch.equal(Runner(model, packed_weights=False).prefill(ids), plain)
+
+
+def test_buffered_cache_layer_behaves_like_hf_dynamic_layer():
+    """Same keys/values as DynamicLayer through growth past its spare room, rollbacks, and a press replacing them."""
+    from transformers.cache_utils import DynamicLayer
+
+    from leapdecode.kv_buffer import SPARE, BufferedLayer
+
+    torch.manual_seed(0)
+    buffered, plain = BufferedLayer(), DynamicLayer()
+    for step in range(40):
+        n = int(torch.randint(1, 40, ()))
+        k, v = torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8)
+        got, want = buffered.update(k, v), plain.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        if step % 3 == 0:
+            drop = -int(torch.randint(0, n + 1, ()))
+            buffered.crop(drop)
+            plain.crop(drop)
+        if step == 20:  # what a KV press does: hand over pruned tensors
+            keep = torch.arange(0, plain.get_seq_length(), 2)
+            for layer in (buffered, plain):
+                layer.keys, layer.values = layer.keys[:, :, keep].contiguous(), layer.values[:, :, keep].contiguous()
+        assert buffered.get_seq_length() == plain.get_seq_length()
+    assert buffered.key_buffer.shape[-2] > SPARE  # it grew past its first allocation
+
+
+def test_runner_attention_switch_does_not_leak():
+    import os
+
+    from leapdecode.runner import GQA_SWITCH
+
+    before = os.environ.get(GQA_SWITCH)
+    runner = Runner(tiny_model("llama", seed=5, vocab=97))
+    runner.prefill([1, 2, 3])
+    runner.forward([4, 5, 6])
+    assert os.environ.get(GQA_SWITCH) == before
+
+
+@pytest.mark.skipif(not __import__("leapdecode.kernels").kernels.fast_bf16(), reason="no fast bf16 kernels")
+def test_argmax_output_head_keeps_the_fp32_argmax_under_near_ties():
+    """Two output rows with logits 1 and 1.002 whose weights are large and differ orthogonally to the input: bf16
+    rounding of the dot products (~0.05) misorders them about half the time; the fp32 argmax must still come out."""
+    from leapdecode.kernels import ArgmaxOutputHead, _packed_matmul
+
+    torch.manual_seed(1)
+    wrong_in_bf16 = 0
+    for _ in range(60):
+        x = torch.randn(1, 64) * 3
+        big = torch.randn(2, 64) * 3
+        big -= (big @ x.T) / (x @ x.T) * x                                  # orthogonal to x: logit 0
+        pair = big + torch.tensor([[1.0], [1.002]]) * x / (x @ x.T)         # logits 1 and 1.002
+        weight = torch.cat([0.01 * torch.randn(200, 64), pair])
+        head = ArgmaxOutputHead(weight)
+        assert int(head(x).argmax()) == int((x @ weight.T).argmax()) == 201
+        wrong_in_bf16 += int(_packed_matmul(x.bfloat16(), head.packed, None).argmax()) != 201
+    assert wrong_in_bf16 > 10                                               # the bf16 logits alone do get it wrong
+    model = tiny_model("llama", seed=6, vocab=97)
+    ids = torch.randint(0, 97, (20,)).tolist()
+    runner = Runner(model)
+    full = runner.prefill(ids[:12]), runner.forward(ids[12:])
+    runner.argmax_only = True
+    argmax = runner.prefill(ids[:12]), runner.forward(ids[12:])
+    assert all(torch.equal(a.argmax(-1), b.argmax(-1)) for a, b in zip(full, argmax))
+    assert not torch.equal(full[1], argmax[1])  # the cheap head really ran

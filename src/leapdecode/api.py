@@ -112,7 +112,7 @@ def attached_head(target, source):
     drafting reads half the bytes of fp32 (SmolLM2-135M: 1.5 instead of 2.0 ms per draft token in the decode loop) at
     the same acceptance; elsewhere in fp32."""
     from .heads.model import load_head
-    from .runner import fast_bf16
+    from .kernels import fast_bf16
 
     loaded = _heads.setdefault(target.model, {})
     if str(source) not in loaded:

@@ -38,6 +38,7 @@ def decode(
         sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
     start = time.perf_counter()
     runner.keep_hidden = drafter.needs_hidden
+    runner.argmax_only = sampling.greedy
     drafter.start(prompt_ids, sampling)
     first_logits = runner.prefill(prompt_ids)
     context = list(prompt_ids)

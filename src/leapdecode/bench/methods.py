@@ -161,6 +161,7 @@ def run_bare_forward(ctx: BenchContext, prompt_ids: list[int]) -> Measurement:
     """Greedy decoding as a bare loop over the Runner: prefill, then one single-token forward (warm KV cache) and an
     argmax per token, with no templating, drafting, verification, control or streaming: what `none` costs at best."""
     runner = Runner(ctx.target.model, packed_weights=ctx.packed_weights)
+    runner.argmax_only = True
     eos = set(ctx.eos_ids)
     start = time.perf_counter()
     tokens = [int(runner.prefill(prompt_ids).argmax())]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import require
-from ..runner import install_packed_linear, packed_kernels
+from ..kernels import install_packed_linear, packed_kernels
 from .base import EMPTY, Draft, Drafter
 from .prompt_lookup import PromptLookupDrafter
 

@@ -13,7 +13,7 @@ import random
 import torch
 
 from ..api import encode_prompt
-from ..runner import install_packed_linear, packed_kernels
+from ..kernels import install_packed_linear, packed_kernels
 from .prompts import first_round, follow_ups, question_requests, subject_round, written_question
 
 

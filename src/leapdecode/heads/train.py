@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..runner import install_packed_linear, packed_kernels
+from ..kernels import install_packed_linear, packed_kernels
 from .model import DraftHead, HeadConfig
 
 IGNORE = -100
