@@ -117,22 +117,20 @@ def _packed_matmul(flat: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor 
     return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")[:rows]
 
 
-class packed_kernels:
-    def __init__(self, on: bool):
-        self.on = on
+def packed_kernels(on: bool):
+    """While on, nn.Linear layers given install_packed_linear run on their packed weights."""
+    return _switched(_packed, on)
 
-    def __enter__(self):
-        self.token = _packed.set(self.on)
 
-    def __exit__(self, *exc):
-        _packed.reset(self.token)
+def argmax_logits(on: bool):
+    """While on, an output head given install_argmax_head returns logits faithful only in their argmax."""
+    return _switched(_argmax_only, on)
 
 
 @contextlib.contextmanager
-def argmax_logits(on: bool):
-    """While on, an output head given install_argmax_head returns logits faithful only in their argmax."""
-    token = _argmax_only.set(on)
+def _switched(switch: contextvars.ContextVar, on: bool):
+    token = switch.set(on)
     try:
         yield
     finally:
-        _argmax_only.reset(token)
+        switch.reset(token)
