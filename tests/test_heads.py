@@ -128,3 +128,25 @@ def test_questions_the_target_writes_become_prompts():
     assert len(question_requests()) == 3 * len(SUBJECTS)
     chats = subject_round(random.Random(0), ["Why do owls hunt at night?"])
     assert len(chats) == 1 + 2 * len(SUBJECTS) and [{"role": "user", "content": "Why do owls hunt at night?"}] in chats
+
+
+def test_open_round_samples_questions_reproducibly(tmp_path):
+    from tiny_hf import make_tiny_hf_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leapdecode.heads.data import answer
+    from leapdecode.heads.prompts import AREAS, OPEN_REQUESTS, open_question_requests
+
+    requests = open_question_requests(3)
+    assert len(requests) == 3 * len(AREAS) * len(OPEN_REQUESTS) and len({r[0]["content"] for r in requests}) == \
+        len(AREAS) * len(OPEN_REQUESTS)
+    path = make_tiny_hf_dir(tmp_path)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    chats = [[{"role": "user", "content": "hello world"}]] * 6
+    greedy = [r["answer_ids"] for r in answer(model, tokenizer, chats, 8)]
+    sampled = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        sampled.append([r["answer_ids"] for r in answer(model, tokenizer, chats, 8, temperature=5.0, top_k=0)])
+    assert all(row == greedy[0] for row in greedy)
+    assert sampled[0] == sampled[1] and sampled[0] != sampled[2] and len({tuple(r) for r in sampled[0]}) > 1

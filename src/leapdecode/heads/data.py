@@ -14,7 +14,8 @@ import torch
 
 from ..api import encode_prompt
 from ..kernels import install_packed_linear, packed_kernels
-from .prompts import first_round, follow_ups, question_requests, subject_round, written_question
+from .prompts import (first_round, follow_ups, open_question_requests, question_requests, subject_round,
+                      written_question)
 
 
 def unused_code_prompts() -> list[str]:
@@ -29,8 +30,9 @@ def unused_code_prompts() -> list[str]:
 
 @torch.inference_mode()
 def answer(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
-           max_prompt_tokens: int = 768, progress=None) -> list[dict]:
-    """Greedy answers to every chat, as records {"prompt_ids", "answer_ids", "chat"} (chat includes the answer)."""
+           max_prompt_tokens: int = 768, progress=None, **sampling) -> list[dict]:
+    """Greedy answers (or sampled ones, given `sampling` arguments of `generate`) to every chat, as records
+    {"prompt_ids", "answer_ids", "chat"} (chat includes the answer)."""
     encoded = [(encode_prompt(tokenizer, chat), chat) for chat in chats]
     encoded = sorted((e for e in encoded if len(e[0]) <= max_prompt_tokens), key=lambda e: len(e[0]))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -42,8 +44,8 @@ def answer(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, batch
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in batch])
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in batch])
-        out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                             pad_token_id=pad)
+        out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=bool(sampling),
+                             max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
         for (ids, chat), row in zip(batch, out[:, width:].tolist()):
             cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
             row = row[:cut]
@@ -57,8 +59,9 @@ def answer(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, batch
 
 def build_dataset(model, tokenizer, out: pathlib.Path, max_new_tokens: int = 128, follow_up_count: int = 200,
                   seed: int = 0, limit: int | None = None, batch_size: int = 32, progress=None) -> list[dict]:
-    """First-round answers, follow-ups built from them, then answers over the subjects; written to `out` (JSONL) and returned. Generation runs
-    on the Runner's packed kernels (batches of 32: ~120 tokens/s on SmolLM2-135M, 2 threads)."""
+    """First-round answers, follow-ups built from them, answers over the subjects, then the open round; written to
+    `out` (JSONL) and returned. Generation runs on the Runner's packed kernels (batches of 32: ~120 tokens/s on
+    SmolLM2-135M, 2 threads)."""
     rng = random.Random(seed)
     chats = first_round(rng, unused_code_prompts())[:limit]
     install_packed_linear(model)
@@ -67,6 +70,7 @@ def build_dataset(model, tokenizer, out: pathlib.Path, max_new_tokens: int = 128
         second = follow_ups(rng, [r["chat"] for r in records], follow_up_count if limit is None else limit // 4)
         records += answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
         records += subject_answers(model, tokenizer, random.Random(seed + 1), max_new_tokens, batch_size, limit, progress)
+        records += open_answers(model, tokenizer, seed + 2, max_new_tokens, batch_size, limit, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
         for r in records:
@@ -80,6 +84,20 @@ def subject_answers(model, tokenizer, rng: random.Random, max_new_tokens: int, b
     replies = answer(model, tokenizer, question_requests()[:limit], 48, batch_size)
     questions = [q for r in replies if (q := written_question(r["chat"][-1]["content"]))]
     return answer(model, tokenizer, subject_round(rng, questions)[:limit], max_new_tokens, batch_size, progress=progress)
+
+
+def open_answers(model, tokenizer, seed: int, max_new_tokens: int, batch_size: int = 32, limit: int | None = None,
+                 progress=None, samples: int = 16) -> list[dict]:
+    """Self-Instruct round: the target samples `samples` questions per (area, request) at temperature 0.8; greedy
+    answers to the distinct usable ones, then follow-up chats (see follow_ups) built from a third of them."""
+    torch.manual_seed(seed)
+    replies = answer(model, tokenizer, open_question_requests(samples)[:limit], 48, batch_size, temperature=0.8,
+                     top_p=0.95, top_k=0)
+    questions = list(dict.fromkeys(q for r in replies if (q := written_question(r["chat"][-1]["content"]))))
+    records = answer(model, tokenizer, [[{"role": "user", "content": q}] for q in questions], max_new_tokens,
+                     batch_size, progress=progress)
+    second = follow_ups(random.Random(seed), [r["chat"] for r in records], len(records) // 3)
+    return records + answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
 
 
 def load_dataset(path: pathlib.Path) -> list[dict]:

@@ -7,7 +7,9 @@ the code prompts are the HumanEval problems the suites do not use. Second-round 
 from documents) are built from the target's first-round answers by ``follow_ups``. A third round covers ~200 more
 subjects with questions the target writes itself (``question_requests``): a head trained on few topics memorises their
 answers (5 accepted tokens per forward on its own training prompts, 1.3 on new questions), so breadth of wording and
-content is what carries over to unseen requests.
+content is what carries over to unseen requests. A fourth round (``open_question_requests``) goes further in the spirit
+of Self-Instruct: the target, *sampling*, writes many questions over broad areas of life and knowledge, so no two
+share a template.
 """
 from __future__ import annotations
 
@@ -84,6 +86,23 @@ QUESTION_REQUESTS = [
     "Write one practical question starting with 'How' that someone might ask about {subject}. Reply with the question only.",
 ]
 
+# broad areas for the fourth round: the target samples several questions per (area, request), so the wording and the
+# subjects within an area come from the model rather than from this list
+AREAS = [
+    "cooking", "personal finance", "health and fitness", "travel", "world history", "physics", "biology", "chemistry",
+    "mathematics", "computer programming", "web development", "careers", "relationships", "parenting", "education",
+    "literature", "movies", "music", "art", "philosophy", "psychology", "economics", "law", "politics",
+    "the environment", "geography", "astronomy", "sports", "video games", "home repair", "gardening", "pets", "cars",
+    "learning languages", "writing", "running a business", "marketing", "productivity", "mental health", "nutrition",
+    "fashion", "photography", "smartphones", "data science", "statistics", "religions and cultures", "festivals",
+    "food science", "medicine", "engineering",
+]
+OPEN_REQUESTS = [
+    "Write one question that a user might ask an AI assistant about {area}. Reply with the question only.",
+    "Write one detailed question about {area} that needs a long answer. Reply with the question only.",
+    "Write one question about {area} that a beginner might ask. Reply with the question only.",
+]
+
 TEMPLATES = [
     "Explain {topic} in simple terms.",
     "Write a short blog post about {topic}.",
@@ -112,6 +131,11 @@ def first_round(rng: random.Random, unused_code: list[str]) -> list[list[dict]]:
 def question_requests() -> list[list[dict]]:
     """Chats asking the target to write a question about each subject; its replies become prompts."""
     return [[{"role": "user", "content": r.format(subject=s)}] for s in SUBJECTS for r in QUESTION_REQUESTS]
+
+
+def open_question_requests(samples: int) -> list[list[dict]]:
+    """Chats asking the target to write a question about each area, each repeated `samples` times (to be sampled)."""
+    return [[{"role": "user", "content": r.format(area=a)}] for a in AREAS for r in OPEN_REQUESTS] * samples
 
 
 def written_question(reply: str) -> str | None:
