@@ -8,8 +8,8 @@ from documents) are built from the target's first-round answers by ``follow_ups`
 subjects with questions the target writes itself (``question_requests``): a head trained on few topics memorises their
 answers (5 accepted tokens per forward on its own training prompts, 1.3 on new questions), so breadth of wording and
 content is what carries over to unseen requests. A fourth round (``open_question_requests``) goes further in the spirit
-of Self-Instruct: the target, *sampling*, writes many questions over broad areas of life and knowledge, so no two
-share a template.
+of Self-Instruct: the target, *sampling*, writes many questions over broad areas of life and knowledge, worded
+by the model rather than by a fixed template.
 """
 from __future__ import annotations
 
