@@ -81,8 +81,7 @@ def build_dataset(model, tokenizer, out: pathlib.Path, max_new_tokens: int = 128
 def subject_answers(model, tokenizer, rng: random.Random, max_new_tokens: int, batch_size: int = 32,
                     limit: int | None = None, progress=None) -> list[dict]:
     """The target writes questions about the subjects, then answers them and two templated requests per subject."""
-    replies = answer(model, tokenizer, question_requests()[:limit], 48, batch_size)
-    questions = [q for r in replies if (q := written_question(r["chat"][-1]["content"]))]
+    questions = written_questions(model, tokenizer, question_requests()[:limit], batch_size)
     return answer(model, tokenizer, subject_round(rng, questions)[:limit], max_new_tokens, batch_size, progress=progress)
 
 
@@ -91,13 +90,18 @@ def open_answers(model, tokenizer, seed: int, max_new_tokens: int, batch_size: i
     """Self-Instruct round: the target samples `samples` questions per (area, request) at temperature 0.8; greedy
     answers to the distinct usable ones, then follow-up chats (see follow_ups) built from a third of them."""
     torch.manual_seed(seed)
-    replies = answer(model, tokenizer, open_question_requests(samples)[:limit], 48, batch_size, temperature=0.8,
-                     top_p=0.95, top_k=0)
-    questions = list(dict.fromkeys(q for r in replies if (q := written_question(r["chat"][-1]["content"]))))
+    questions = dict.fromkeys(written_questions(model, tokenizer, open_question_requests(samples)[:limit], batch_size,
+                                                temperature=0.8, top_p=0.95, top_k=0))
     records = answer(model, tokenizer, [[{"role": "user", "content": q}] for q in questions], max_new_tokens,
                      batch_size, progress=progress)
     second = follow_ups(random.Random(seed), [r["chat"] for r in records], len(records) // 3)
     return records + answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
+
+
+def written_questions(model, tokenizer, requests: list[list[dict]], batch_size: int, **sampling) -> list[str]:
+    """The usable questions (see written_question) in the target's replies to requests for a question."""
+    replies = answer(model, tokenizer, requests, 48, batch_size, **sampling)
+    return [q for r in replies if (q := written_question(r["chat"][-1]["content"]))]
 
 
 def load_dataset(path: pathlib.Path) -> list[dict]:
