@@ -69,15 +69,20 @@ def test_buffered_cache_layer_behaves_like_hf_dynamic_layer():
 
 
 def test_runner_attention_switch_does_not_leak():
+    """leapdecode's attention is switched on only inside Runner forwards: the model and the environment are left as
+    they were, and HF's own forward gives the same logits afterwards."""
     import os
 
-    from leapdecode.runner import GQA_SWITCH
-
-    before = os.environ.get(GQA_SWITCH)
-    runner = Runner(tiny_model("llama", seed=5, vocab=97))
-    runner.prefill([1, 2, 3])
-    runner.forward([4, 5, 6])
-    assert os.environ.get(GQA_SWITCH) == before
+    model = tiny_model("llama", seed=5, vocab=97)
+    before, environ = model.config._attn_implementation, dict(os.environ)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        reference = model(ids).logits[0]
+    runner = Runner(model, packed_weights=False)
+    prefill = runner.prefill([1, 2, 3])
+    step = runner.forward([4, 5, 6])
+    assert model.config._attn_implementation == before and dict(os.environ) == environ
+    assert torch.allclose(torch.cat([prefill[None], step]), reference[2:], atol=1e-5)
 
 
 @pytest.mark.skipif(not __import__("leapdecode.kernels").kernels.fast_bf16(), reason="no fast bf16 kernels")

@@ -3,7 +3,7 @@ from .api import GenerationResult, generate
 from .errors import LeapDecodeError
 
 __version__ = "0.1.0"
-__all__ = ["generate", "GenerationResult", "LeapDecodeError", "load_model", "__version__"]
+__all__ = ["generate", "Engine", "GenerationResult", "LeapDecodeError", "load_model", "__version__"]
 
 
 def __getattr__(name):
@@ -11,4 +11,8 @@ def __getattr__(name):
         from .models import load_model
 
         return load_model
+    if name == "Engine":
+        from .engine import Engine
+
+        return Engine
     raise AttributeError(name)

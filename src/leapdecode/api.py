@@ -47,8 +47,14 @@ def resolve_model(model, tokenizer=None, dtype="float32"):
     raise LeapDecodeError(f"model must be a name, a path, a LoadedModel or an HF model, got {type(model).__name__}")
 
 
-def encode_prompt(tokenizer, prompt: str | Messages, raw: bool = False) -> list[int]:
-    """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is."""
+def encode_prompt(tokenizer, prompt: str | Messages | Sequence[int], raw: bool = False) -> list[int]:
+    """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is.
+    A list of token ids is taken as it is."""
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+        vocab = len(tokenizer)
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        require(bad is None, f"token id {bad} is outside the tokenizer's vocabulary of {vocab}")
+        return list(prompt)
     if isinstance(prompt, str):
         require(prompt.strip() != "", "the prompt is empty")
         if raw or not getattr(tokenizer, "chat_template", None):
@@ -79,6 +85,12 @@ def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype=
     'draft-model'."""
     if isinstance(drafter, Drafter):
         return drafter
+    return drafter_factory(drafter, target, draft_model, draft_dtype, **options)()
+
+
+def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", **options) -> Callable[[], Drafter]:
+    """A function that makes a fresh drafter (one per request: drafters keep per-request state), with what they
+    share loaded once: the draft model, the draft head. Bad names and missing pieces fail here, not per request."""
     if drafter == "auto":
         drafter = default_drafter(target.name)
     if drafter == "draft-model" and draft_model is not None:
@@ -87,12 +99,13 @@ def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype=
             raise LeapDecodeError(
                 f"draft model '{draft.name}' uses a different tokenizer from '{target.name}': "
                 "speculative decoding needs the same vocabulary")
-        return make_drafter(drafter, draft_model=draft.model, **options)
+        options["draft_model"] = draft.model
     if drafter == "ngram":
         options.setdefault("store_key", target.name)
     if drafter == "head":
-        return make_drafter(drafter, head=attached_head(target, options.pop("head", None) or target.name), **options)
-    return make_drafter(drafter, **options)
+        options["head"] = attached_head(target, options.pop("head", None) or target.name)
+    make_drafter(drafter, **options)  # fail now on a bad name or option
+    return lambda: make_drafter(drafter, **options)
 
 
 def default_drafter(target_name: str) -> str:
@@ -123,7 +136,7 @@ def attached_head(target, source):
 
 def generate(
     model,
-    prompt: str | Messages,
+    prompt: str | Messages | Sequence[int],
     *,
     tokenizer=None,
     drafter: str | Drafter = "none",

@@ -7,10 +7,16 @@ does not pay (low acceptance, costly verification), k = 0 and the step is plain 
 decays towards its prior while nothing is drafted, and after REPROBE_STEPS plain steps one draft of k_init is tried, so
 stale estimates get refreshed. The choice of k never changes the output: greedy output stays that of plain greedy
 decoding for any k.
+
+Many sequences sharing one forward (the batched Engine) are planned by the same rule, `plan_draft_lengths`: the
+forward's cost is measured per total row count R, and draft tokens go where the expected accepted tokens are highest
+until adding more no longer raises expected tokens per second of the whole step (Scylla/SmartSpec's observation that
+under load the marginal cost of verification rows, not the per-sequence acceptance alone, decides what pays).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from .errors import require
 
@@ -21,18 +27,87 @@ COST_DECAY = 0.7         # weight of the old estimate in each per-size cost aver
 REPROBE_STEPS = 32       # plain steps in a row before one draft is tried again
 
 
+class StepCost:
+    """Seconds of one target forward over R rows, measured online (a decayed average per R) and interpolated between
+    measured sizes; beyond the largest measured size, that size's cost (optimistic: it gets tried, then known)."""
+
+    def __init__(self):
+        self.seconds: dict[int, float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.seconds)
+
+    def __contains__(self, rows: int) -> bool:
+        return rows in self.seconds
+
+    def record(self, rows: int, seconds: float) -> None:
+        if rows > 0 and seconds > 0:
+            old = self.seconds.get(rows)
+            self.seconds[rows] = seconds if old is None else COST_DECAY * old + (1 - COST_DECAY) * seconds
+
+    def __call__(self, rows: int) -> float:
+        known = self.seconds
+        if rows in known:
+            return known[rows]
+        below = max((n for n in known if n < rows), default=None)
+        above = min((n for n in known if n > rows), default=None)
+        if below is None or above is None:
+            return known[below if above is None else above]
+        share = (rows - below) / (above - below)
+        return known[below] + share * (known[above] - known[below])
+
+
+@dataclass
+class DraftDemand:
+    """What the planner knows of one decoding sequence: its acceptance estimate, its drafter's seconds per draft
+    token, and the most draft tokens it may take this step."""
+
+    acceptance: float
+    draft_seconds: float
+    cap: int
+
+
+def plan_draft_lengths(demands: Sequence[DraftDemand], costs: StepCost, base_rows: int, base_tokens: float,
+                       k_min: int = 1, row_budget: int | None = None) -> list[int]:
+    """Draft lengths for sequences that share one forward of `base_rows` rows without drafts (their last tokens and
+    any prompt chunks), which yields `base_tokens` tokens. The i-th draft token of a sequence with acceptance a is
+    accepted with probability a^i, so tokens are added in order of that gain; the plan kept is the prefix of that
+    order with the most expected tokens per second (forward cost at the new row count plus drafting time), all zeros
+    included. Costs must hold at least one measurement."""
+    ks = [0] * len(demands)
+    budget = sum(d.cap for d in demands) if row_budget is None else max(0, row_budget - base_rows)
+    tokens, draft_time, added = base_tokens, 0.0, 0
+    best, best_rate = list(ks), base_tokens / costs(base_rows)
+    while added < budget:
+        gains = [(d.acceptance ** (k + 1) if k < d.cap else -1.0, i) for i, (d, k) in enumerate(zip(demands, ks))]
+        gain, i = max(gains)
+        if gain < 0:
+            break
+        ks[i] += 1
+        added += 1
+        tokens += gain
+        draft_time += demands[i].draft_seconds
+        if any(0 < k < k_min for k in ks):
+            continue
+        rate = tokens / (costs(base_rows + added) + draft_time)
+        if rate > best_rate * 1.0001:
+            best, best_rate = list(ks), rate
+    return best
+
+
 @dataclass
 class DraftLengthController:
     """Chooses k in [0, k_max] per step; `adaptive=False` keeps k at k_init. `k_min` is the smallest k tried when
-    drafting at all (k = 0, no draft, is always allowed when it is expected to be faster)."""
+    drafting at all (k = 0, no draft, is always allowed when it is expected to be faster). `costs` may be shared
+    (the Engine measures whole-batch forwards into one StepCost)."""
 
     k_init: int = 4
     k_min: int = 1
     k_max: int = 16
     adaptive: bool = True
+    costs: StepCost = field(default_factory=StepCost)
     accepted: float = field(default=0.0, init=False)   # decayed count of accepted draft tokens
     rejected: float = field(default=0.0, init=False)   # decayed count of rejections (at most one per step)
-    forward_seconds: dict[int, float] = field(default_factory=dict, init=False)  # tokens fed -> seconds
     draft_seconds: float | None = field(default=None, init=False)                 # per draft token
     plain_steps: int = field(default=0, init=False)                               # k = 0 steps in a row
     drafted_last: bool = field(default=False, init=False)                         # the previous step drafted
@@ -43,9 +118,21 @@ class DraftLengthController:
         self.k = self.k_init
 
     @property
+    def forward_seconds(self) -> dict[int, float]:
+        """Measured forward seconds per number of tokens fed."""
+        return self.costs.seconds
+
+    @forward_seconds.setter
+    def forward_seconds(self, seconds: dict[int, float]) -> None:
+        self.costs.seconds = dict(seconds)
+
+    @property
     def acceptance(self) -> float:
         hits = self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT
         return hits / (hits + self.rejected + (1 - PRIOR_ACCEPTANCE) * PRIOR_WEIGHT)
+
+    def demand(self, cap: int) -> DraftDemand:
+        return DraftDemand(self.acceptance, self.draft_seconds or 0.0, min(cap, self.k_max if self.adaptive else self.k))
 
     def next_k(self) -> int:
         return self.k
@@ -58,10 +145,7 @@ class DraftLengthController:
             return
         self.accepted = self.accepted * DECAY + accepted
         self.rejected = self.rejected * DECAY + (accepted < proposed)
-        if forward_tokens > 0 and forward_seconds > 0:
-            old = self.forward_seconds.get(forward_tokens)
-            self.forward_seconds[forward_tokens] = forward_seconds if old is None else (
-                COST_DECAY * old + (1 - COST_DECAY) * forward_seconds)
+        self.costs.record(forward_tokens, forward_seconds)
         # a draft right after plain steps includes the drafter's catch-up (a draft model feeds every token it
         # missed in one forward): not a per-token cost, so only drafts that follow drafts are timed
         timed, self.drafted_last = proposed > 0 and self.drafted_last, proposed > 0
@@ -69,8 +153,8 @@ class DraftLengthController:
             per_token = draft_seconds / proposed
             self.draft_seconds = per_token if self.draft_seconds is None else (
                 COST_DECAY * self.draft_seconds + (1 - COST_DECAY) * per_token)
-        if 1 not in self.forward_seconds:
-            if self.forward_seconds:  # time one plain step: drafts are weighed against it
+        if 1 not in self.costs:
+            if self.costs:  # time one plain step: drafts are weighed against it
                 self.k = 0
             return
         self.k = self.best_k()
@@ -79,24 +163,9 @@ class DraftLengthController:
             self.k, self.plain_steps = self.k_init, 0
 
     def best_k(self) -> int:
-        a, draft = self.acceptance, self.draft_seconds or 0.0
-        best, best_rate = 0, 1.0 / self.cost(1)
-        for k in range(self.k_min, self.k_max + 1):
-            expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
-            rate = expected / (self.cost(k + 1) + k * draft)
-            if rate > best_rate * 1.0001:
-                best, best_rate = k, rate
-        return best
+        return plan_draft_lengths([self.demand(self.k_max)], self.costs, base_rows=1, base_tokens=1.0,
+                                  k_min=self.k_min)[0]
 
     def cost(self, tokens: int) -> float:
-        """Seconds of a target forward over `tokens` tokens: measured, else interpolated between measured sizes,
-        else that of the nearest measured size (optimistic beyond the largest measured: it gets tried, then known)."""
-        known = self.forward_seconds
-        if tokens in known:
-            return known[tokens]
-        below = max((n for n in known if n < tokens), default=None)
-        above = min((n for n in known if n > tokens), default=None)
-        if below is None or above is None:
-            return known[below if above is None else above]
-        share = (tokens - below) / (above - below)
-        return known[below] + share * (known[above] - known[below])
+        """Seconds of a target forward over `tokens` tokens (see StepCost)."""
+        return self.costs(tokens)

@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 from transformers import DynamicCache
 
+from .attention import leapdecode_attention
+from .compat import cache_arg
 from .errors import LeapDecodeError
 from .kernels import argmax_logits, install_argmax_head, install_packed_linear, packed_kernels
 from .kv_buffer import buffered_cache
-
-GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers' sdpa_attention_forward at every call
 
 
 class Runner:
@@ -31,9 +30,7 @@ class Runner:
         self.model = model
         self.press = press
         self.packed_weights = packed_weights
-        if packed_weights:
-            install_packed_linear(model)
-            install_argmax_head(model)
+        prepare_model(model, packed_weights)
         self.argmax_only = False
         self.cache: DynamicCache | None = None
         self.position = 0
@@ -50,7 +47,7 @@ class Runner:
         self.cache = buffered_cache(self.model.config)
         self.position = 0
         if self.press is not None:
-            with self._kernels(), _final_norm_output(self) as captured:
+            with self._kernels(), final_norm_output(self.model, self.keep_hidden) as captured:
                 logits = self.press.prefill(self.model, self._ids(token_ids), self.cache)
             self.hidden = captured[-1][0, -1:] if captured else None
             self.position = len(token_ids)
@@ -69,25 +66,26 @@ class Runner:
             self.cache.crop(-n)
             self.position -= n
 
-    @contextlib.contextmanager
     def _kernels(self):
-        """What Runner forwards switch on: packed weights, the argmax-only output head, grouped-query attention."""
-        with packed_kernels(self.packed_weights), argmax_logits(self.argmax_only), _grouped_query_attention():
-            yield
+        return model_kernels(self.model, self.packed_weights, self.argmax_only)
 
     def _ids(self, token_ids: list[int]) -> torch.Tensor:
-        return torch.tensor([token_ids], dtype=torch.long)
+        return torch.tensor([token_ids], dtype=torch.long, device=self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
 
     def _forward(self, token_ids: list[int], logits_to_keep: int) -> torch.Tensor:
         n = len(token_ids)
         past = self.cache_length
-        with self._kernels(), _final_norm_output(self) as captured:
+        with self._kernels(), final_norm_output(self.model, self.keep_hidden) as captured:
             out = self.model(
                 input_ids=self._ids(token_ids),
-                past_key_values=self.cache,
+                **cache_arg(self.cache),
                 use_cache=True,
-                position_ids=torch.arange(self.position, self.position + n).unsqueeze(0),
-                cache_position=torch.arange(past, past + n),
+                position_ids=torch.arange(self.position, self.position + n, device=self.device).unsqueeze(0),
+                cache_position=torch.arange(past, past + n, device=self.device),
                 logits_to_keep=logits_to_keep,
             )
         self.position += n
@@ -96,32 +94,30 @@ class Runner:
         return out.logits[0]
 
 
+def prepare_model(model: torch.nn.Module, packed_weights: bool) -> None:
+    """Give the model's layers the kernels leapdecode's forwards may switch on (once per model)."""
+    if packed_weights:
+        install_packed_linear(model)
+        install_argmax_head(model)
+
+
 @contextlib.contextmanager
-def _grouped_query_attention():
-    """HF's SDPA attention repeats every key/value head for its query heads (a copy of the whole KV cache per layer)
-    whenever a mask is passed, i.e. for every forward of more than one token over a cache; torch's SDPA takes grouped
-    heads directly (`enable_gqa`), which HF uses under this switch. Same attention, no copy: a 5-token forward over
-    1,200 cached tokens of SmolLM2-135M took 62 instead of 73 ms (1 thread). Scoped to Runner forwards."""
-    saved = os.environ.get(GQA_SWITCH)
-    os.environ[GQA_SWITCH] = "1"
-    try:
+def model_kernels(model: torch.nn.Module, packed_weights: bool, argmax_only: bool, layout=None):
+    """What leapdecode's forwards switch on: packed weights, the argmax-only output head, and leapdecode's attention
+    (grouped-query SDPA, or per-sequence attention over a flat batch `layout`); all scoped to the forward."""
+    with packed_kernels(packed_weights), argmax_logits(argmax_only), leapdecode_attention(model, layout):
         yield
-    finally:
-        if saved is None:
-            del os.environ[GQA_SWITCH]
-        else:
-            os.environ[GQA_SWITCH] = saved
 
 
 @contextlib.contextmanager
-def _final_norm_output(runner: Runner):
-    """While active and runner.keep_hidden, collects the output of the model's final norm into the yielded list."""
+def final_norm_output(model: torch.nn.Module, enabled: bool):
+    """While active and enabled, collects the output of the model's final norm into the yielded list."""
     captured: list = []
     hook = None
-    if runner.keep_hidden:
-        norm = getattr(runner.model.get_decoder(), "norm", None)
+    if enabled:
+        norm = getattr(model.get_decoder(), "norm", None)
         if norm is None:
-            raise LeapDecodeError(f"{type(runner.model).__name__} has no final `norm` layer to read hidden states "
+            raise LeapDecodeError(f"{type(model).__name__} has no final `norm` layer to read hidden states "
                                   "from (draft heads support Llama/Qwen2-family models)")
         hook = norm.register_forward_hook(lambda module, args, output: captured.append(output))
     try:

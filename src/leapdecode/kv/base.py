@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from ..compat import cache_arg
 from ..errors import LeapDecodeError, require
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -98,7 +99,7 @@ def full_prefill(model, input_ids: torch.Tensor, cache: DynamicCache, window: in
         hooks = [layer.self_attn.register_forward_pre_hook(grab, with_kwargs=True) for layer in model.model.layers]
     n = input_ids.shape[1]
     try:
-        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+        out = model(input_ids=input_ids, **cache_arg(cache), use_cache=True,
                     position_ids=torch.arange(n).unsqueeze(0), logits_to_keep=1)
     finally:
         for hook in hooks:

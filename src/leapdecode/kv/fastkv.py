@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.masking_utils import create_causal_mask
 
+from ..compat import cache_arg
 from ..errors import LeapDecodeError, require
 from .base import Press, Window, gather_entries, keep_count, pool_scores, select_top, window_scores
 
@@ -70,7 +71,7 @@ class FastKVPress(Press):
             compress = keep < length
             if select_tokens or compress:
                 win = Window(block.input_layernorm(hidden[:, -w:]), cos[:, -w:], sin[:, -w:])
-            hidden = block(hidden, attention_mask=mask, position_ids=positions, past_key_values=cache,
+            hidden = block(hidden, attention_mask=mask, position_ids=positions, **cache_arg(cache),
                            use_cache=True, position_embeddings=(cos, sin))
             if not (select_tokens or compress):
                 continue
@@ -93,5 +94,5 @@ class FastKVPress(Press):
 
 def _mask(model, hidden):
     """The causal mask HF would build for a fresh prefill of `hidden` (None for SDPA: it uses is_causal)."""
-    return create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
+    return create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=None, **cache_arg(None),
                               position_ids=None)

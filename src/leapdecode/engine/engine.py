@@ -1,0 +1,353 @@
+"""The batched engine: continuous batching with speculative decoding that stays lossless per sequence.
+
+Each `step()` runs ONE forward over a flat batch of rows from every running sequence: a decoding sequence brings its
+last token plus its draft, a sequence still reading its prompt brings the next chunk of it (SARATHI's chunked
+prefill, so streams keep flowing while a long prompt is read), at most `max_batch_tokens` rows in all. Every linear
+layer thus runs one GEMM over all rows; attention stays per sequence (kv_slots.FlatBatch). Requests join and leave
+between steps. Per sequence, the step rule is the single-request one (leapdecode.sequence.SequenceState: same
+drafters, verification, sampling and stats), so greedy output is that sequence's plain greedy output whatever else
+shares the step, and seeded sampling with a model-free drafter draws the same tokens as plain sampling.
+
+How much each sequence drafts is planned per step for the whole batch (controller.plan_draft_lengths): the measured
+cost of a forward over R rows against each sequence's acceptance, so that under load, where extra rows are no longer
+nearly free, drafts shrink (to zero if they stop paying) instead of costing throughput.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from ..api import GenerationResult, drafter_factory, encode_prompt, resolve_model
+from ..controller import DraftLengthController, StepCost, plan_draft_lengths
+from ..drafters import Drafter
+from ..errors import LeapDecodeError, require
+from ..runner import final_norm_output, model_kernels, prepare_model
+from ..sampling import SamplingConfig
+from ..sequence import SequenceState
+from ..stats import GenerationStats
+from .kv_slots import FlatBatch, Segment, SequenceKV
+from .prefix_cache import PrefixCache
+from .text import TextStream
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "cancelled"}
+REQUEST_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "raw")
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request. `text` is the new text (never a stop string); the last output of a
+    request has `finished`, its `finish_reason` ("stop", "length" or "cancelled") and its `stats`."""
+
+    request_id: int
+    new_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    stats: GenerationStats | None = None
+
+
+class _Request:
+    def __init__(self, rid: int, prompt_ids: list[int], params: dict, text: TextStream, on_output):
+        self.id, self.prompt_ids, self.params, self.text, self.on_output = rid, prompt_ids, params, text, on_output
+        self.arrival = time.perf_counter()
+        self.seq: SequenceState | None = None
+        self.kv: SequenceKV | None = None
+        self.outputs: deque[RequestOutput] = deque()
+
+    @property
+    def decoding(self) -> bool:
+        return self.seq.stats.forward_passes > 0
+
+
+class Engine:
+    """Many requests, one forward per step. `model` is what `leapdecode.generate` takes (packaged name, directory,
+    GGUF file, or a loaded HF model with `tokenizer=`); `drafter` a drafter name or "auto" (each request gets its own
+    drafter and draft-length controller). `add_request`/`cancel` may be called from any thread; `step` from one."""
+
+    def __init__(self, model, *, tokenizer=None, drafter: str = "none", draft_model=None, draft_dtype: str = "int8",
+                 dtype: str = "float32", max_batch_tokens: int = 256, max_sequences: int = 32,
+                 prefix_cache_tokens: int = 8192, draft_length: int = 4, max_draft_length: int = 16,
+                 adaptive_draft_length: bool = True, packed_weights: bool = True, drafter_options: dict | None = None):
+        require(isinstance(max_batch_tokens, int) and max_batch_tokens >= 1,
+                f"max_batch_tokens must be a positive integer, got {max_batch_tokens}")
+        require(isinstance(max_sequences, int) and max_sequences >= 1,
+                f"max_sequences must be a positive integer, got {max_sequences}")
+        require(isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0,
+                f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        if isinstance(drafter, Drafter):
+            raise LeapDecodeError("the Engine makes one drafter per request: pass a drafter name, not an instance")
+        self.target = resolve_model(model, tokenizer, dtype)
+        self.model = self.target.model
+        self._make_drafter = drafter_factory(drafter, self.target, draft_model, draft_dtype, **(drafter_options or {}))
+        self.drafter_name = self._make_drafter().name
+        self._controller = dict(k_init=min(draft_length, max_draft_length), k_max=max_draft_length,
+                                adaptive=adaptive_draft_length)
+        DraftLengthController(**self._controller)  # bad lengths fail here
+        self.max_batch_tokens, self.max_sequences = max_batch_tokens, max_sequences
+        self.packed_weights = packed_weights
+        prepare_model(self.model, packed_weights)
+        self.costs = StepCost()  # seconds of a forward over R rows, shared by every sequence's planning
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()       # guards _incoming and _cancels (touched by other threads)
+        self._step_lock = threading.Lock()  # held by a step; cancel() frees at once when no step runs
+        self._incoming: deque[_Request] = deque()
+        self._cancels: set[int] = set()
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._requests: dict[int, _Request] = {}
+        self.counters = dict.fromkeys(("steps", "prompt_tokens", "generation_tokens", "spec_decode_num_drafts",
+                                       "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"), 0)
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return self.target.context_length
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting or self._incoming or self._cancels)
+
+    # ---- requests in and out -------------------------------------------------------------------------------------
+
+    def add_request(self, prompt, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                    top_k: int = 0, seed: int | None = None, stop=None, raw: bool = False,
+                    on_output: Callable[[RequestOutput], None] | None = None) -> int:
+        """Queue a request (a string, chat messages or token ids, as `generate` takes); return its id. Bad input
+        raises LeapDecodeError at once and leaves the engine as it was."""
+        require(type(max_new_tokens) is int and max_new_tokens > 0,
+                f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        require(isinstance(temperature, (int, float)) and isinstance(top_p, (int, float)) and type(top_k) is int,
+                "temperature and top_p must be numbers, top_k an integer")
+        require(seed is None or type(seed) is int, f"seed must be an integer, got {seed!r}")
+        sampling = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=float(top_p), seed=seed)
+        stops = _stop_strings(stop)
+        prompt_ids = encode_prompt(self.tokenizer, prompt, raw)
+        require(len(prompt_ids) < self.context_length,
+                f"the prompt has {len(prompt_ids)} tokens but {self.name} has a context of {self.context_length}")
+        params = dict(sampling=sampling, max_new_tokens=max_new_tokens)
+        with self._lock:
+            request = _Request(next(self._ids), prompt_ids, params, TextStream(self.tokenizer, stops), on_output)
+            self._requests[request.id] = request
+            self._incoming.append(request)
+        return request.id
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request; its KV is freed now if no step is running, else when the running step ends."""
+        with self._lock:
+            if request_id in self._requests:
+                self._cancels.add(request_id)
+        if self._step_lock.acquire(blocking=False):
+            try:
+                self._apply_cancels([])
+            finally:
+                self._step_lock.release()
+
+    def stream(self, request_id: int) -> Iterator[RequestOutput]:
+        """The outputs of one request as they come, stepping the engine (every request in it) as needed."""
+        request = self._requests.get(request_id)
+        require(request is not None and request.on_output is None, f"no streamable request {request_id}")
+        while True:
+            while request.outputs:
+                out = request.outputs.popleft()
+                yield out
+                if out.finished:
+                    return
+            self.step()
+
+    def generate_many(self, prompts, **options) -> list[GenerationResult]:
+        """Decode all prompts together; one GenerationResult per prompt, in order. Takes `generate`'s per-request
+        arguments (max_new_tokens, temperature, top_p, top_k, seed, stop, raw)."""
+        unknown = sorted(set(options) - set(REQUEST_OPTIONS))
+        require(not unknown, f"generate_many does not take {', '.join(unknown)} (the model and drafter are the "
+                             f"Engine's); it takes {', '.join(REQUEST_OPTIONS)}")
+        finals: dict[int, RequestOutput] = {}
+        requests = []
+        try:
+            for prompt in prompts:
+                rid = self.add_request(prompt, **options, on_output=lambda o: finals.update({o.request_id: o})
+                                       if o.finished else None)
+                requests.append(self._requests[rid])
+        except LeapDecodeError:
+            for request in requests:
+                self.cancel(request.id)
+            raise
+        while len(finals) < len(requests):
+            self.step()
+        return [GenerationResult(text=r.text.text, token_ids=list(r.seq.out), prompt_ids=r.prompt_ids,
+                                 stats=finals[r.id].stats, model=self.name, drafter=self.drafter_name)
+                for r in requests]
+
+    def metrics(self) -> dict:
+        running = [r for r in list(self._running) if r.kv is not None]
+        return {"running": len(running), "waiting": len(self._waiting) + len(self._incoming),
+                "kv_tokens": sum(r.kv.length for r in running), "kv_bytes": sum(r.kv.nbytes for r in running),
+                "prefix_cache_tokens": self.prefix_cache.tokens, "prefix_cache_bytes": self.prefix_cache.nbytes,
+                **self.counters}
+
+    # ---- one step ------------------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Admit waiting requests, run one forward over every running sequence's rows, emit what it produced."""
+        with self._step_lock:
+            outputs: list[RequestOutput] = []
+            self._apply_cancels(outputs)
+            self._admit()
+            if not self._running:
+                return outputs
+            self._forward(*self._plan(), outputs)
+            self.counters["steps"] += 1
+            return outputs
+
+    def _admit(self) -> None:
+        with self._lock:
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+        while self._waiting and len(self._running) < self.max_sequences:
+            request = self._waiting.popleft()
+            controller = DraftLengthController(costs=self.costs, **self._controller)
+            request.seq = SequenceState(request.prompt_ids, self._make_drafter(), controller=controller,
+                                        eos_ids=set(self.target.eos_token_ids), context_length=self.context_length,
+                                        **request.params)
+            request.seq.start = request.arrival  # time to first token counts the wait
+            request.kv = SequenceKV(self.model.config.num_hidden_layers)
+            cached = self.prefix_cache.lookup(request.prompt_ids)
+            if cached is not None:
+                request.kv.load(*cached)
+            self.counters["prompt_tokens"] += len(request.prompt_ids)
+            self._running.append(request)
+
+    def _plan(self) -> tuple[list[int], list[Segment], list[tuple[_Request, int]]]:
+        """This step's rows: decodes (last token + draft) first, then prompt chunks in the rows left. Returns the
+        rows' token ids, the segments, and for each request that gets logits (request, its first kept row)."""
+        budget = self.max_batch_tokens
+        decoding = [r for r in self._running if r.decoding][:budget]
+        if len(decoding) == budget:  # more streams than rows: the ones served now go to the back of the line
+            self._running = [r for r in self._running if r not in decoding] + decoding
+        prefill_need = sum(len(r.prompt_ids) - r.kv.length for r in self._running if not r.decoding)
+        draft_rows = budget - min(prefill_need, budget // 2)  # drafts never starve the prompts being read
+        ids, segments, kept = [], [], []
+        for request, k in zip(decoding, self._draft_lengths(decoding, draft_rows)):
+            kept.append((request, len(ids)))
+            rows = request.seq.propose(k)
+            segments.append(Segment(request.kv, len(ids), len(rows), request.kv.length))
+            ids += rows
+        for request in self._running:
+            if request.decoding or len(ids) >= budget:
+                continue
+            done = request.kv.length
+            n = min(len(request.prompt_ids) - done, budget - len(ids))
+            segments.append(Segment(request.kv, len(ids), n, done))
+            ids += request.prompt_ids[done:done + n]
+            if done + n == len(request.prompt_ids):
+                kept.append((request, len(ids) - 1))
+        return ids, segments, kept
+
+    def _draft_lengths(self, decoding: list[_Request], row_budget: int) -> list[int]:
+        if not self._controller["adaptive"]:
+            return [r.seq.controller.demand(r.seq.room).cap for r in decoding]
+        if not self.costs:  # nothing measured yet: a plain step first
+            return [0] * len(decoding)
+        demands = [r.seq.controller.demand(r.seq.room) for r in decoding]
+        return plan_draft_lengths(demands, self.costs, base_rows=len(decoding), base_tokens=float(len(decoding)),
+                                  row_budget=row_budget)
+
+    def _forward(self, ids: list[int], segments: list[Segment], kept, outputs: list[RequestOutput]) -> None:
+        """One forward over the flat batch; then each request that got logits takes its step."""
+        positions = [p for s in segments for p in range(s.past, s.past + s.n)]
+        counts = [1 + len(r.seq.draft.tokens) if r.decoding else 1 for r, _ in kept]
+        device = self.model.device
+        keep = torch.tensor([first + i for (_, first), n in zip(kept, counts) for i in range(n)], device=device)
+        greedy = all(r.seq.sampling.greedy for r, _ in kept)
+        hidden_needed = any(r.seq.drafter.needs_hidden for r, _ in kept)
+        start = time.perf_counter()
+        with torch.inference_mode(), model_kernels(self.model, self.packed_weights, greedy, FlatBatch(segments)), \
+                final_norm_output(self.model, hidden_needed) as captured:
+            logits = self.model(input_ids=torch.tensor([ids], device=device), use_cache=False,
+                                position_ids=torch.tensor([positions], device=device), logits_to_keep=keep).logits[0]
+        self.costs.record(len(ids), time.perf_counter() - start)
+        hidden = captured[-1][0, keep] if captured else None
+        for s in segments:
+            s.kv.length = s.past + s.n
+        at = 0
+        for (request, _), n in zip(kept, counts):
+            if not request.decoding:
+                self.prefix_cache.insert(request.prompt_ids, request.kv)
+            self._accept(request, logits[at:at + n], None if hidden is None else hidden[at:at + n], outputs)
+            at += n
+
+    def _accept(self, request: _Request, logits, hidden, outputs: list[RequestOutput]) -> None:
+        seq = request.seq
+        drafted = len(seq.draft.tokens)
+        new, rejected = seq.accept(logits, hidden)
+        request.kv.truncate(request.kv.length - rejected)
+        if drafted:
+            self.counters["spec_decode_num_drafts"] += 1
+            self.counters["spec_decode_num_draft_tokens"] += drafted
+            self.counters["spec_decode_num_accepted_tokens"] += drafted - rejected
+        used = request.text.push(new)
+        if used < len(new):  # a stop string ended the request inside this step's tokens
+            del seq.out[len(seq.out) - len(new) + used:]
+            new = new[:used]
+            seq.stats.stop_reason = "stop"
+        self.counters["generation_tokens"] += len(new)
+        finished = seq.finished
+        self._emit(request, RequestOutput(request.id, new, request.text.release(final=finished), finished,
+                                          FINISH_REASONS[seq.stats.stop_reason] if finished else None,
+                                          len(request.prompt_ids), seq.finish() if finished else None), outputs)
+        if finished:
+            self._release(request)
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------------------
+
+    def _apply_cancels(self, outputs: list[RequestOutput]) -> None:
+        with self._lock:
+            cancels, self._cancels = self._cancels, set()
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+        for rid in cancels:
+            request = self._requests.get(rid)
+            if request is None:
+                continue
+            if request in self._waiting:
+                self._waiting.remove(request)
+            stats = request.seq.finish("cancelled") if request.seq else GenerationStats(
+                prompt_tokens=len(request.prompt_ids), stop_reason="cancelled")
+            self._emit(request, RequestOutput(rid, [], "", True, "cancelled", len(request.prompt_ids), stats), outputs)
+            self._release(request)
+
+    def _release(self, request: _Request) -> None:
+        request.kv = None
+        if request in self._running:
+            self._running.remove(request)
+        self._requests.pop(request.id, None)
+
+    def _emit(self, request: _Request, out: RequestOutput, outputs: list[RequestOutput]) -> None:
+        outputs.append(out)
+        if request.on_output is not None:
+            request.on_output(out)
+        else:
+            request.outputs.append(out)
+
+
+def _stop_strings(stop) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    require(isinstance(stops, (list, tuple)) and all(isinstance(s, str) and s for s in stops),
+            "stop must be a non-empty string or a list of non-empty strings")
+    return list(stops)

@@ -1,0 +1,89 @@
+"""Per-sequence KV slots and the flat-batch attention over them.
+
+Every sequence owns its keys and values, per layer, in buffers that grow in place (a step writes only its new rows).
+A step's rows from all sequences go through the model as one flat batch; `FlatBatch.attend` (called from
+leapdecode's registered attention, see leapdecode.attention) writes each sequence's new keys/values into its slot at
+that sequence's own offset and attends its query rows to that slot only, causally. Rollback of rejected drafts is
+`truncate`: the sequence's length shrinks, nothing else moves. So a sequence's rows see exactly its own past, whatever
+else shares the step: the per-sequence losslessness argument of the single-request loop carries over unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..attention import grouped_sdpa
+
+SPARE = 64  # rows of room added beyond the need at each reallocation (at least; half the length for long sequences)
+
+
+class SequenceKV:
+    """One sequence's keys/values: per layer [kv_heads, capacity, head_dim] buffers, the first `length` rows valid."""
+
+    def __init__(self, layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.length = 0
+
+    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor):
+        """Store rows start.. of this layer ([kv_heads, n, head_dim]); return views of rows 0 .. start + n."""
+        need = start + keys.shape[1]
+        buffer = self.keys[layer]
+        if buffer is None or need > buffer.shape[1]:
+            capacity = need + max(SPARE, need // 2)
+            self.keys[layer] = _grown(buffer, keys, start, capacity)
+            self.values[layer] = _grown(self.values[layer], values, start, capacity)
+        self.keys[layer][:, start:need] = keys
+        self.values[layer][:, start:need] = values
+        return self.keys[layer][:, :need], self.values[layer][:, :need]
+
+    def load(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Start from a cached prefix: per layer [kv_heads, n, head_dim]."""
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.write(layer, 0, k, v)
+        self.length = keys[0].shape[1]
+
+    def rows(self, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of rows start..end of every layer (for the prefix cache)."""
+        return ([k[:, start:end].clone() for k in self.keys], [v[:, start:end].clone() for v in self.values])
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+
+def _grown(old: torch.Tensor | None, new: torch.Tensor, keep: int, capacity: int) -> torch.Tensor:
+    buffer = new.new_empty((new.shape[0], capacity, new.shape[2]))
+    if old is not None and keep:
+        buffer[:, :keep] = old[:, :keep]
+    return buffer
+
+
+@dataclass
+class Segment:
+    """A sequence's rows in the flat batch: rows first_row .. first_row + n, at positions past .. past + n."""
+
+    kv: SequenceKV
+    first_row: int
+    n: int
+    past: int
+
+
+class FlatBatch:
+    """The layout of one step, handed to leapdecode's attention: which rows belong to which sequence."""
+
+    def __init__(self, segments: list[Segment]):
+        self.segments = segments
+
+    def attend(self, layer: int, query, key, value, scaling) -> torch.Tensor:
+        """query [1, H, R, d], key/value [1, KVH, R, d] for the step's R rows -> [1, H, R, d]."""
+        outs = []
+        for s in self.segments:
+            rows = slice(s.first_row, s.first_row + s.n)
+            keys, values = s.kv.write(layer, s.past, key[0, :, rows], value[0, :, rows])
+            outs.append(grouped_sdpa(query[:, :, rows], keys[None], values[None], None, scaling))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

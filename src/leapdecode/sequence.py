@@ -1,0 +1,134 @@
+"""The step rule of one request, shared by the single-request loop (`decode`) and the batched `Engine`.
+
+A step: the drafter proposed `draft`; the target scored [last token + draft] in one forward. `accept` turns those
+logits into the step's new tokens (greedy: the longest matching draft prefix plus the target's own token; sampling:
+speculative sampling), updates the stats, and tells the caller how many drafted positions to forget from the KV cache.
+`propose` asks the drafter for the next draft. Whoever runs the forward (a Runner, or the Engine's flat batch) is
+the only thing that differs between one request and many, so the losslessness argument is the same for both: each
+sequence's rows see exactly its own past.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from .controller import DraftLengthController
+from .drafters.base import EMPTY, Draft, Drafter
+from .sampling import SamplingConfig, generator_at, probabilities
+from .stats import GenerationStats
+from .verify import greedy_accept, speculative_accept
+
+
+class SequenceState:
+    """One request being decoded: its tokens, its drafter and draft-length controller, its stats."""
+
+    def __init__(self, prompt_ids: list[int], drafter: Drafter, *, sampling: SamplingConfig,
+                 controller: DraftLengthController, max_new_tokens: int, eos_ids: set[int], context_length: int):
+        if not sampling.greedy:  # one seed for the whole request, drawn now if none was given
+            sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
+        self.prompt_ids = list(prompt_ids)
+        self.drafter, self.sampling, self.controller = drafter, sampling, controller
+        self.max_new_tokens, self.eos_ids, self.context_length = max_new_tokens, eos_ids, context_length
+        self.context = list(prompt_ids)
+        self.out: list[int] = []
+        self.draft: Draft = EMPTY
+        self.draft_seconds = 0.0
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        self.start = time.perf_counter()
+        drafter.start(self.prompt_ids, sampling)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.stats.stop_reason)
+
+    @property
+    def room(self) -> int:
+        """The most draft tokens the next step may verify (past it, output or context would be full)."""
+        return max(0, min(self.max_new_tokens - len(self.out) - 1, self.context_length - len(self.context)))
+
+    def accept(self, logits: torch.Tensor, hidden: torch.Tensor | None = None, forward_tokens: int = 0,
+               forward_seconds: float = 0.0) -> tuple[list[int], int]:
+        """Take the target's logits [len(draft) + 1, V] for [last token + draft]; return (new tokens, number of
+        drafted positions to roll back). `hidden`: the final-norm features of those rows (draft heads read them).
+        The forward's size and time feed the controller when one sequence owns the whole forward."""
+        draft = self.draft
+        new = _verify(draft, logits, self.sampling, len(self.out))
+        accepted = len(new) - 1
+        self.controller.update(len(draft.tokens), accepted, forward_tokens, forward_seconds, self.draft_seconds)
+        new = _truncate(new, self.eos_ids, self.max_new_tokens - len(self.out))
+        self.out += new
+        self.context += new
+        stats = self.stats
+        stats.forward_passes += 1
+        stats.drafted_tokens += len(draft.tokens)
+        stats.accepted_draft_tokens += min(accepted, len(new))
+        stats.accepted_per_step.append(len(new))
+        stats.new_tokens = len(self.out)
+        if stats.forward_passes == 1:
+            stats.time_to_first_token = time.perf_counter() - self.start
+        stats.stop_reason = _stop_reason(self.out, self.eos_ids, self.max_new_tokens, len(self.context),
+                                         self.context_length)
+        if not self.finished:
+            self.drafter.observe(self.context, len(new))
+            if self.drafter.needs_hidden:
+                self.drafter.see_hidden(None if hidden is None else hidden[accepted])
+        self.draft = EMPTY
+        return new, len(draft.tokens) - accepted
+
+    def propose(self, k: int) -> list[int]:
+        """Ask the drafter for up to k tokens (capped by `room`); return the rows to feed: [last token + draft]."""
+        k = min(k, self.room)
+        t = time.perf_counter()
+        draft = self.drafter.propose(self.context, k) if k > 0 else EMPTY
+        self.draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
+        self.draft_seconds = time.perf_counter() - t
+        self.stats.draft_time += self.draft_seconds
+        return [self.context[-1]] + self.draft.tokens
+
+    def finish(self, reason: str = "") -> GenerationStats:
+        """Close the record (`reason` overrides the stop reason, e.g. "cancelled")."""
+        if reason:
+            self.stats.stop_reason = reason
+        self.stats.new_tokens = len(self.out)
+        self.stats.total_time = time.perf_counter() - self.start
+        return self.stats
+
+
+def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, done: int) -> list[int]:
+    """New tokens of this step; `done` tokens were generated before it (row i decides output position done + i)."""
+    tokens = torch.tensor(draft.tokens, dtype=torch.long, device=logits.device)
+    if sampling.greedy:
+        return greedy_accept(tokens, logits)
+    target_probs = probabilities(logits, sampling).cpu()
+    draft_probs = None if draft.probs is None else _match_vocab(draft.probs.cpu(), target_probs.shape[-1])
+    generators = [generator_at(sampling.seed, done + i) for i in range(len(draft.tokens) + 1)]
+    return speculative_accept(tokens.cpu(), draft_probs, target_probs, generators)
+
+
+def _match_vocab(probs: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft and target may pad their output heads differently; align q to the target's vocabulary size."""
+    if probs.shape[-1] == vocab:
+        return probs
+    if probs.shape[-1] > vocab:
+        return probs[:, :vocab]
+    return torch.nn.functional.pad(probs, (0, vocab - probs.shape[-1]))
+
+
+def _truncate(new: list[int], eos_ids: set[int], room: int) -> list[int]:
+    new = new[:room]
+    for i, token in enumerate(new):
+        if token in eos_ids:
+            return new[: i + 1]
+    return new
+
+
+def _stop_reason(out: list[int], eos_ids: set[int], max_new_tokens: int, length: int, context_length: int) -> str:
+    if out and out[-1] in eos_ids:
+        return "eos"
+    if len(out) >= max_new_tokens:
+        return "length"
+    if length >= context_length:
+        return "context"
+    return ""
