@@ -75,7 +75,11 @@ def plan_draft_lengths(demands: Sequence[DraftDemand], costs: StepCost, base_row
     order with the most expected tokens per second (forward cost at the new row count plus drafting time), all zeros
     included. Costs must hold at least one measurement."""
     ks = [0] * len(demands)
-    budget = sum(d.cap for d in demands) if row_budget is None else max(0, row_budget - base_rows)
+    budget = sum(d.cap for d in demands)
+    if row_budget is not None:
+        budget = min(budget, row_budget - base_rows)
+    if budget <= 0:
+        return ks
     tokens, draft_time, added = base_tokens, 0.0, 0
     best, best_rate = list(ks), base_tokens / costs(base_rows)
     while added < budget:

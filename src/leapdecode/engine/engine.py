@@ -271,7 +271,8 @@ class Engine:
         positions = [p for s in segments for p in range(s.past, s.past + s.n)]
         counts = [1 + len(r.seq.draft.tokens) if r.decoding else 1 for r, _ in kept]
         device = self.model.device
-        keep = torch.tensor([first + i for (_, first), n in zip(kept, counts) for i in range(n)], device=device)
+        keep = torch.tensor([first + i for (_, first), n in zip(kept, counts) for i in range(n)], dtype=torch.long,
+                            device=device)
         greedy = all(r.seq.sampling.greedy for r, _ in kept)
         hidden_needed = any(r.seq.drafter.needs_hidden for r, _ in kept)
         start = time.perf_counter()
