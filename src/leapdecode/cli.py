@@ -128,6 +128,7 @@ def run_models_pull(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .bench import batch_cli
     from .bench import cli as bench_cli
     from .diffusion import cli as dllm_cli
     from .heads import cli as heads_cli
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
     add_models(sub)
-    for module in (bench_cli, kv_cli, dllm_cli, heads_cli):
+    for module in (bench_cli, batch_cli, kv_cli, dllm_cli, heads_cli):
         module.register(sub)
     return parser
 

@@ -263,6 +263,9 @@ class Engine:
         if not self.costs:  # nothing measured yet: a plain step first
             return [0] * len(decoding)
         demands = [r.seq.controller.demand(r.seq.room) for r in decoding]
+        # costs beyond the largest measured step are guessed flat (optimistic): explore at most twice as far
+        explored = max(self.costs.seconds)
+        row_budget = min(row_budget, max(2 * explored, len(decoding) + 1))
         return plan_draft_lengths(demands, self.costs, base_rows=len(decoding), base_tokens=float(len(decoding)),
                                   row_budget=row_budget)
 

@@ -1,0 +1,172 @@
+"""The `bench-batch` command: parse, load, run every method at every concurrency, write the report."""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import sys
+
+from ..errors import require
+from ..models.registry import DEFAULT_MODEL
+from .batch import METHODS, check_against, run_engine, run_hf_generate, run_hf_generate_batch, write_outputs
+from .cli import _ints, _names
+
+
+def environment(threads: int) -> dict:
+    import torch
+    import transformers
+
+    from .. import __version__
+    from .run import cpu_model
+
+    flags = ""
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8").read()
+        words = set(next(line for line in text.splitlines() if line.startswith("flags")).split())
+        flags = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in words)
+    except (OSError, StopIteration):
+        pass
+    return {"machine": f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()}; {flags}), {os.cpu_count()} CPUs",
+            "torch threads": threads,
+            "versions": f"python {platform.python_version()}, torch {torch.__version__}, transformers "
+                        f"{transformers.__version__}, leapdecode {__version__}",
+            "command": " ".join(["leapdecode", *sys.argv[1:]])}
+
+
+def cmd_bench_batch(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from ..api import encode_prompt
+    from ..models import load_model
+    from .suites import load_suite
+
+    methods = _names(args.methods) or ["hf-generate", "hf-generate-batch", "engine", "engine-prompt-lookup",
+                                       "engine-ngram"] + (["engine-draft-model"] if args.draft_model else [])
+    unknown = [m for m in methods if m not in METHODS]
+    require(not unknown, f"unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
+    require("engine-draft-model" not in methods or args.draft_model, "engine-draft-model needs --draft-model")
+    concurrency = _ints(args.concurrency, "--concurrency")
+    if args.threads is not None:
+        require(args.threads > 0, f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    target = load_model(args.model, dtype=args.dtype)
+    draft = load_model(args.draft_model, dtype=args.draft_dtype) if args.draft_model else None
+    questions = load_suite(args.suite, _names(args.categories) or None, args.per_category)
+    count = args.requests or max(concurrency)
+    prompts = [encode_prompt(target.tokenizer, questions[i % len(questions)].turns[0]) for i in range(count)]
+    console = Console(stderr=True)
+    if args.scenario != "throughput":
+        return _scenario(args, target, questions, prompts, console)
+    meta = {**environment(torch.get_num_threads()), "target model": target.name,
+            "draft model": draft.name if draft else "none", "dtype": args.dtype,
+            "workload": f"{count} requests (first turns of suite '{args.suite}', {len(questions)} questions, cycled), "
+                        f"greedy, max_new_tokens {args.max_new_tokens}, closed loop of C requests in flight",
+            "max batch tokens": args.max_batch_tokens,
+            "reference": "each request decoded alone by HF generate (greedy)"}
+    notes: list[str] = []
+    rows: list[dict] = []
+    runs = [(m, c) for m in methods for c in (concurrency if m != "hf-generate" else concurrency[:1])]
+    with Progress(console=console, disable=args.no_progress) as progress:
+        task = progress.add_task("bench-batch", total=len(runs) + 1)
+        reference = run_hf_generate(target, prompts, args.max_new_tokens)  # also warms every kernel up
+        progress.advance(task)
+        for method, c in runs:
+            progress.update(task, description=f"{method} @ {c}")
+            record = _run(method, c, target, draft, prompts, args, notes)
+            if record is not None:
+                check_against(target, prompts, reference["tokens"], record)
+                rows += [dict(record, method=method, concurrency=cc)
+                         for cc in (concurrency if method == "hf-generate" else [c])]
+            progress.advance(task)
+    paths = write_outputs(pathlib.Path(args.out), meta, rows, notes)
+    for r in rows:
+        console.print(f"  {r['method']:<22} C={r['concurrency']:<3} {r['output_tok_s']:8.2f} tok/s  "
+                      f"identical {r['identical']}/{len(r['tokens'])}")
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print("wrote " + ", ".join(map(str, paths)))
+    return 3 if args.fail_on_mismatch and any(r["mismatches"] for r in rows) else 0
+
+
+def _scenario(args, target, questions, prompts, console) -> int:
+    """`--scenario prefill-stall | prefix-reuse`: one table in report.md and results.json."""
+    import json
+
+    import torch
+
+    from .batch_scenarios import long_prompt, prefill_stall, prefix_reuse
+
+    texts = [q.turns[0] for q in questions]
+    if args.scenario == "prefill-stall":
+        long = long_prompt(target.tokenizer, texts, args.long_prompt_tokens)
+        table = prefill_stall(target, prompts, long, args.streams, args.max_new_tokens, args.max_batch_tokens)
+    else:
+        prefix = long_prompt(target.tokenizer, texts, args.prefix_tokens)
+        table = {"engine": prefix_reuse(target, prefix, prompts[:2])}
+    meta = {**environment(torch.get_num_threads()), "target model": target.name, "scenario": args.scenario,
+            "settings": f"streams {args.streams}, long prompt {args.long_prompt_tokens} tokens, prefix "
+                        f"{args.prefix_tokens} tokens, max_new_tokens {args.max_new_tokens}, max batch tokens "
+                        f"{args.max_batch_tokens}, greedy"}
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "table": table}, indent=2))
+    columns = list(next(iter(table.values())))
+    lines = [f"# leapdecode bench-batch --scenario {args.scenario}", "", *(f"- **{k}**: {v}" for k, v in meta.items()),
+             "", "| run | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    lines += [f"| {label} | " + " | ".join(_cell(row[c]) for c in columns) + " |" for label, row in table.items()]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    console.print("\n".join(lines[-len(table) - 2:]))
+    console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}")
+    return 0
+
+
+def _cell(value) -> str:
+    return "–" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _run(method: str, c: int, target, draft, prompts, args, notes: list[str]) -> dict | None:
+    if method == "hf-generate":
+        return run_hf_generate(target, prompts, args.max_new_tokens)
+    if method == "hf-generate-batch":
+        try:
+            return run_hf_generate_batch(target, prompts, c, args.max_new_tokens, args.max_batch_tokens)
+        except Exception as error:  # noqa: BLE001 - HF's engine may not run on this CPU/model: say why, go on
+            notes.append(f"hf-generate-batch @ {c} did not run: {type(error).__name__}: {str(error).splitlines()[0]}")
+            return None
+    drafter = "none" if method == "engine" else method.removeprefix("engine-")
+    return run_engine(target, prompts, c, args.max_new_tokens, drafter=drafter, draft=draft,
+                      max_batch_tokens=args.max_batch_tokens, packed_weights=not args.hf_kernels)
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench-batch", help="offline throughput/latency of many requests at once",
+                              description=__doc__)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--draft-model", help="draft model for engine-draft-model (same tokenizer)")
+    p.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--concurrency", default="1,4,16,32", help="requests in flight, comma-separated")
+    p.add_argument("--requests", type=int, help="requests per run (default: the largest concurrency)")
+    p.add_argument("--suite", default="dev", help="quick | dev | heldout | PATH.jsonl")
+    p.add_argument("--categories", help="comma-separated subset of the suite's categories")
+    p.add_argument("--per-category", type=int)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-batch-tokens", type=int, default=256)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--draft-dtype", default="int8")
+    p.add_argument("--hf-kernels", action="store_true", help="the engine uses HF's F.linear too")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--scenario", default="throughput", choices=("throughput", "prefill-stall", "prefix-reuse"),
+                   help="throughput (default): methods x concurrency; prefill-stall: decoding streams while a long "
+                        "prompt arrives, chunked or not; prefix-reuse: TTFT with a shared prefix, cold and warm")
+    p.add_argument("--streams", type=int, default=8, help="prefill-stall: decoding streams")
+    p.add_argument("--long-prompt-tokens", type=int, default=4000, help="prefill-stall: tokens of the long prompt")
+    p.add_argument("--prefix-tokens", type=int, default=1000, help="prefix-reuse: tokens of the shared prefix")
+    p.add_argument("--fail-on-mismatch", action="store_true", help="exit 3 if an output differs from solo greedy")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_bench_batch)
+    return p
+

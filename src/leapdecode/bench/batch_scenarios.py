@@ -1,0 +1,81 @@
+"""Two engine scenarios of `bench-batch --scenario`:
+
+- `prefill-stall` (SARATHI's claim): streams are decoding when a long prompt arrives. Without chunking its whole
+  prefill runs in one step and every stream stalls for it; with chunks of at most `max_batch_tokens` rows the
+  streams keep getting a token every step. Measured: the p99 gap between a stream's consecutive outputs, with no long
+  prompt, with it chunked, and with it read at once.
+- `prefix-reuse` (the prefix cache): time to first token of a request whose prompt shares a long prefix with an
+  earlier one, cold (cache off) and warm (the earlier request left the prefix's keys/values in the cache).
+"""
+from __future__ import annotations
+
+import time
+
+from ..engine import Engine
+from .batch import percentile
+
+
+def long_prompt(tokenizer, texts: list[str], tokens: int) -> list[int]:
+    """A prompt of exactly `tokens` token ids made of the suite's own texts, repeated as needed."""
+    ids: list[int] = []
+    while len(ids) < tokens:
+        for text in texts:
+            ids += tokenizer(text + "\n", add_special_tokens=False)["input_ids"]
+    return ids[:tokens]
+
+
+def prefill_stall(target, prompts: list[list[int]], long: list[int], streams: int, max_new_tokens: int,
+                  max_batch_tokens: int, drafter: str = "none") -> dict:
+    """p99 gap between outputs of `streams` decoding requests: alone, with `long` arriving chunked, and unchunked."""
+    results = {}
+    for label, budget, add_long in (("no long prompt", max_batch_tokens, False),
+                                    (f"chunked ({max_batch_tokens} rows a step)", max_batch_tokens, True),
+                                    ("unchunked (whole prompt in one step)", len(long) + streams * 17, True)):
+        engine = Engine(target, drafter=drafter, max_batch_tokens=budget, max_sequences=streams + 1,
+                        prefix_cache_tokens=0)
+        last: dict[int, float] = {}
+        gaps: list[float] = []
+
+        def on_output(out, last=last, gaps=gaps):
+            now = time.perf_counter()
+            if out.new_token_ids and out.request_id in last:
+                gaps.append((now - last[out.request_id]) / len(out.new_token_ids))
+            last[out.request_id] = now
+
+        for i in range(streams):
+            engine.add_request(prompts[i % len(prompts)], max_new_tokens=max_new_tokens, on_output=on_output)
+        steps, long_done = 0, [False]
+        while engine.has_work:
+            engine.step()
+            steps += 1
+            if steps == 8 and add_long:  # every stream is decoding by now
+                gaps.clear()  # measure from the long prompt's arrival on
+                engine.add_request(long, max_new_tokens=1,
+                                   on_output=lambda out: long_done.__setitem__(0, out.finished))
+            if add_long and long_done[0]:
+                break
+        results[label] = {"p99_gap_ms": 1000 * (percentile(gaps, 99) or 0.0),
+                          "p50_gap_ms": 1000 * (percentile(gaps, 50) or 0.0)}
+    base = results["no long prompt"]["p99_gap_ms"]
+    for row in results.values():
+        row["p99_vs_no_long_prompt"] = row["p99_gap_ms"] / base if base else None
+    return results
+
+
+def prefix_reuse(target, prefix: list[int], questions: list[list[int]], max_new_tokens: int = 8) -> dict:
+    """TTFT of prefix + questions[1] cold (no cache) and warm (after prefix + questions[0] filled the cache)."""
+    def ttft(engine: Engine, prompt: list[int]) -> float:
+        start = time.perf_counter()
+        for out in engine.stream(engine.add_request(prompt, max_new_tokens=max_new_tokens)):
+            if out.new_token_ids:
+                return time.perf_counter() - start
+        return float("nan")
+
+    warm_up = Engine(target, prefix_cache_tokens=0)
+    ttft(warm_up, questions[0])  # kernels warmed up, nothing cached
+    cold = ttft(Engine(target, prefix_cache_tokens=0), prefix + questions[1])
+    engine = Engine(target, prefix_cache_tokens=len(prefix) + 256)
+    ttft(engine, prefix + questions[0])
+    warm = ttft(engine, prefix + questions[1])
+    return {"prefix tokens": len(prefix), "cold TTFT (s)": cold, "warm TTFT (s)": warm, "warm / cold": warm / cold,
+            "cache hits": engine.prefix_cache.hits}
