@@ -1,0 +1,64 @@
+"""`leapdecode bench-batch` end to end on a tiny local model (no downloads): every method runs at every concurrency,
+outputs are checked against solo greedy, the report files are written; the scenarios run. Timings never asserted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leapdecode.cli import main
+from tiny_hf import make_tiny_hf_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_hf_dir(tmp_path_factory.mktemp("bb") / "tiny", context=512)
+
+
+def test_bench_batch_writes_a_checked_report(tiny_dir, tmp_path):
+    out = tmp_path / "bb"
+    code = main(["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--concurrency", "1,3", "--requests", "3",
+                 "--max-new-tokens", "6", "--methods", "hf-generate,engine,engine-prompt-lookup,engine-ngram",
+                 "--no-progress", "--fail-on-mismatch", "--out", str(out)])
+    assert code == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert {(r["method"], r["concurrency"]) for r in runs} == {
+        (m, c) for m in ("hf-generate", "engine", "engine-prompt-lookup", "engine-ngram") for c in (1, 3)}
+    assert all(r["identical"] == 3 and r["output_tokens"] > 0 for r in runs)
+    assert "| engine-ngram | 3 |" in (out / "report.md").read_text() and (out / "throughput.png").stat().st_size > 0
+
+
+def test_bench_batch_fails_on_a_planted_mismatch(tiny_dir, tmp_path, monkeypatch):
+    import leapdecode.bench.batch as batch
+
+    real = batch.run_engine
+
+    def corrupted(*args, **kwargs):
+        record = real(*args, **kwargs)
+        record["tokens"][0] = [(record["tokens"][0][0] + 1) % 60] + record["tokens"][0][1:]
+        return record
+
+    monkeypatch.setattr("leapdecode.bench.batch_cli.run_engine", corrupted)
+    code = main(["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--concurrency", "2", "--requests", "2",
+                 "--max-new-tokens", "4", "--methods", "engine", "--no-progress", "--fail-on-mismatch",
+                 "--out", str(tmp_path / "bad")])
+    assert code == 3
+    assert "differ from solo greedy" in (tmp_path / "bad" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("scenario", ["prefill-stall", "prefix-reuse"])
+def test_bench_batch_scenarios(tiny_dir, tmp_path, scenario):
+    out = tmp_path / scenario
+    assert main(["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--scenario", scenario, "--streams", "2",
+                 "--long-prompt-tokens", "200", "--prefix-tokens", "64", "--max-new-tokens", "12",
+                 "--max-batch-tokens", "32", "--out", str(out)]) == 0
+    table = json.loads((out / "results.json").read_text())["table"]
+    if scenario == "prefix-reuse":
+        assert table["engine"]["cache hits"] == 1
+    else:
+        assert len(table) == 3
+
+
+def test_bench_batch_bad_input_is_one_line(tiny_dir, tmp_path, capsys):
+    assert main(["bench-batch", "--model", str(tiny_dir), "--methods", "engine-nope", "--out", str(tmp_path)]) == 2
+    assert "unknown method" in capsys.readouterr().err
