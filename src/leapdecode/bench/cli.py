@@ -109,7 +109,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help=f"target model: packaged name, directory, .gguf or cached hub id (default: {DEFAULT_MODEL})")
     p.add_argument("--draft-model", help="draft model for hf-assisted and draft-model (same tokenizer)")
     p.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)} (default: all that apply)")
-    p.add_argument("--suite", default="quick", help="quick | dev | PATH.jsonl (Spec-Bench question format)")
+    p.add_argument("--suite", default="quick",
+                   help="quick | dev | heldout | dev-v1 | PATH.jsonl (Spec-Bench question format); a comma-separated "
+                        "list (dev,heldout) runs them as one and reports the splits side by side")
     p.add_argument("--categories", help="comma-separated subset of the suite's categories")
     p.add_argument("--per-category", type=int, help="only the first N questions of each category")
     p.add_argument("--max-new-tokens", type=int, help="default: 32 for quick, 128 otherwise")

@@ -10,6 +10,7 @@ from collections import defaultdict
 
 from .forward_cost import cost_table
 from .methods import FLOOR_METHOD
+from .splits import split_groups, split_section
 from .suites import CATEGORY_TITLES
 
 
@@ -69,7 +70,8 @@ def summarize(run: dict) -> dict:
                 if floor and plain and plain["tokens_per_second"] else None)
     return {"baseline": baseline, "oracle_best": best, "categories": categories, "groups": table,
             "none_time_per_token_over_floor": overhead,
-            "mismatched_outputs": len(mismatches), "outputs": len(run["records"])}
+            "mismatched_outputs": len(mismatches), "outputs": len(run["records"]),
+            "splits": split_groups(med, labels, baseline, _aggregate)}
 
 
 def main_rows(run: dict, summary: dict) -> list[str]:
@@ -169,6 +171,7 @@ def write_report(out: pathlib.Path, meta: dict, run: dict, summary: dict, plots:
         title = CATEGORY_TITLES.get(c, c)
         lines += [f"### {title}" + (f" (`{c}`)" if title != c else ""), ""]
         lines += _table(summary["groups"][c], labels, base, best) + [""]
+    lines += split_section(summary.get("splits", {}), labels)
     lines += _sweep_section(run, summary)
     if run.get("forward_cost"):
         lines += cost_table(run["forward_cost"], run["forward_cost_context"])

@@ -1,4 +1,5 @@
-"""Texts of the built-in `dev` suite, written for this project (fictional places, people and figures).
+"""Texts of the quick suite and of `dev-v1` (the dev suite of earlier releases), written for this project (fictional
+places, people and figures); the 13-category `dev` and `heldout` splits live in ``texts_dev.py`` and ``texts_heldout.py``.
 
 ARTICLES feed summarization and retrieval-augmented generation; the other lists are used as they stand.
 """

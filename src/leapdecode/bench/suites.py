@@ -1,8 +1,12 @@
 """Benchmark suites in the Spec-Bench question format: one JSON object a line,
 ``{"question_id": ..., "category": "...", "turns": ["first user turn", "second user turn", ...]}``.
 
-Later turns are sent after the model's own answer to the earlier ones. ``quick`` and ``dev`` ship with the package
-(written by ``make_suites.py``); any other argument is read as a path to such a file.
+Later turns are sent after the model's own answer to the earlier ones. Built in (written by ``make_suites.py``):
+``dev`` and ``heldout``, two splits of one suite over Spec-Bench's 13 categories (``heldout`` is never read by
+anything that trains or tunes a drafter, so a gap between the splits shows overfitting to ``dev``); ``quick``, a
+five-question smoke run; ``dev-v1``, the seven-category dev suite of earlier releases. Any other argument is read as
+a path to such a file. A comma-separated list (``dev,heldout``) runs several suites as one, each question id
+prefixed with its suite's name (``dev:3``) so that the report can show the splits side by side.
 """
 from __future__ import annotations
 
@@ -13,9 +17,13 @@ from dataclasses import dataclass
 from ..errors import LeapDecodeError, require
 
 SUITE_DIR = pathlib.Path(__file__).with_name("suites")
-BUILTIN = ("quick", "dev")
-# Spec-Bench's six categories plus code; a user file may use any category name.
+BUILTIN = ("quick", "dev", "heldout", "dev-v1")
+SPLIT_SEP = ":"  # between a suite's name and a question id when several suites run as one
+# Spec-Bench's 13 categories (the first eight, MT-bench's, are its "multi-turn conversation"), plus the earlier
+# suites' mt_bench and code; a user file may use any category name.
 CATEGORY_TITLES = {
+    "writing": "writing", "roleplay": "roleplay", "reasoning": "reasoning", "math": "math", "coding": "coding",
+    "extraction": "extraction", "stem": "STEM", "humanities": "humanities",
     "mt_bench": "multi-turn conversation",
     "translation": "translation",
     "summarization": "summarization",
@@ -60,8 +68,19 @@ def parse_question(obj, where: str) -> Question:
     return Question(qid, category.strip(), tuple(turns))
 
 
+def split_of(question_id: int | str) -> str | None:
+    """The suite a question came from in a combined run (``dev:3`` -> ``dev``), else None."""
+    return question_id.split(SPLIT_SEP, 1)[0] if isinstance(question_id, str) and SPLIT_SEP in question_id else None
+
+
 def load_suite(spec: str, categories: list[str] | None = None, per_category: int | None = None) -> list[Question]:
-    """Questions of a built-in suite or a JSONL file, optionally only some categories / the first N of each."""
+    """Questions of a built-in suite or a JSONL file, optionally only some categories / the first N of each. A
+    comma-separated list of suites loads each (the filters apply per suite) with ids prefixed ``name:``."""
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if len(names) > 1 and not pathlib.Path(spec).expanduser().is_file():
+        require(len(set(names)) == len(names), f"suite list '{spec}' names a suite twice")
+        return [Question(f"{name}{SPLIT_SEP}{q.question_id}", q.category, q.turns)
+                for name in names for q in load_suite(name, categories, per_category)]
     path = suite_path(spec)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

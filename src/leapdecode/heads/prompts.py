@@ -2,8 +2,10 @@
 
 A head learns to predict the target's own greedy answers, so what matters is that the prompts cover the kinds of text
 the target is asked for (chat, explanations, letters, lists, step-by-step arithmetic, code, and tasks that copy from
-the prompt: summaries, rewrites, questions over documents). None of the texts of ``bench/suite_texts.py`` is reused;
-the code prompts are the HumanEval problems the suites do not use. Second-round prompts (summarize / rewrite / answer
+the prompt: summaries, rewrites, questions over documents). None of the suites' texts (``bench/suite_texts.py``,
+``bench/texts_dev.py``) is reused, and nothing here or in ``data.py`` may read the ``heldout`` split
+(``bench/texts_heldout.py``; ``tests/test_suites.py`` checks both the imports and the text); the code prompts are the
+HumanEval problems the suites do not use. Second-round prompts (summarize / rewrite / answer
 from documents) are built from the target's first-round answers by ``follow_ups``. A third round covers ~200 more
 subjects with questions the target writes itself (``question_requests``): a head trained on few topics memorises their
 answers (5 accepted tokens per forward on its own training prompts, 1.3 on new questions), so breadth of wording and
