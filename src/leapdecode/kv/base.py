@@ -61,8 +61,15 @@ class Press:
         """Cache entries per layer (and per KV head) after prefilling n prompt tokens."""
         return keep_count(self.budget, n)
 
+    posthoc = False  # True: prefill is a full prefill followed by compress() (kv/bench times the two apart)
+
     def prefill(self, model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         raise NotImplementedError
+
+    def compress(self, cache: DynamicCache, n: int, windows=None, model=None) -> None:
+        """Post-hoc presses: compress, in place, a full prefill's cache of n prompt entries (`windows`: the last
+        queries of each layer that full_prefill recorded)."""
+        raise NotImplementedError(f"KV press '{self.name}' compresses inside its own prefill")
 
     def settings(self) -> dict:
         """The options that define this press, for reports."""

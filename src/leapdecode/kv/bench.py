@@ -27,7 +27,6 @@ from . import KV_PRESSES, kv_bytes, make_press
 from .base import full_prefill
 from .needle import Sample, depths, document_prompt, needle_prompt
 
-POSTHOC = ("streaming-llm", "snapkv", "quantized")  # presses whose prefill is the full prefill + compress()
 
 
 @dataclass
@@ -178,7 +177,7 @@ def _run_sample(model, sample: Sample, configs, window: int, evaluator: _Evaluat
              "kv_bytes": full_bytes,
              "full_kv_bytes": full_bytes, "kept": n, **full}]
     for label, press in configs:
-        if press.name in POSTHOC:
+        if press.posthoc:
             cache = copy.deepcopy(pristine)
             clock = _Clock()
             press.compress(cache, n, windows, model)

@@ -101,6 +101,7 @@ def bytes_fraction(bits: int, element_size: int, head_dim: int, group: int) -> f
 
 class QuantizedPress(Press):
     name = "quantized"
+    posthoc = True
 
     def __init__(self, budget: float = 1.0, bits: int | None = None, group: int = 64):
         super().__init__(budget)

@@ -11,6 +11,7 @@ from .base import Press, Window, full_prefill, gather_entries, pool_scores, sele
 
 class SnapKVPress(Press):
     name = "snapkv"
+    posthoc = True
 
     def __init__(self, budget: float = 1.0, window: int = 32, kernel: int = 7):
         super().__init__(budget)

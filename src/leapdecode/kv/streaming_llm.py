@@ -10,6 +10,7 @@ from .base import Press, full_prefill, gather_entries, keep_count
 
 class StreamingLLMPress(Press):
     name = "streaming-llm"
+    posthoc = True
 
     def __init__(self, budget: float = 1.0, sinks: int = 4):
         super().__init__(budget)
