@@ -241,8 +241,9 @@ def test_smollm2_needle_with_fastkv():
 
 
 def test_bench_summary_report_and_targets(tmp_path):
-    from leapdecode.kv.bench import check_targets, machine, parse_press, summarize
+    from leapdecode.kv.bench import check_targets, parse_press, summarize
     from leapdecode.kv.report import write
+    from leapdecode.report_kit import environment as machine
 
     assert parse_press("fastkv:tsp_layer=9:tsp_rate=0.1") == ("fastkv:tsp_layer=9:tsp_rate=0.1", "fastkv",
                                                              {"tsp_layer": 9, "tsp_rate": 0.1})

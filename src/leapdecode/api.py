@@ -84,7 +84,13 @@ def _vocab_fingerprint(tokenizer) -> int:
 
 def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype="int8", **options) -> Drafter:
     """A Drafter instance from its name ('auto': see default_drafter); loads and checks the draft model for
-    'draft-model'."""
+    'draft-model'. A draft model goes with 'draft-model' or 'auto' (which then means 'draft-model'), never ignored."""
+    if draft_model is not None and drafter == "auto":
+        drafter = "draft-model"
+    name = drafter.name if isinstance(drafter, Drafter) else drafter
+    require(draft_model is None or name == "draft-model",
+            f"a draft model (--draft-model) is used only by the draft-model drafter, not by '{name}': "
+            "drop it, or use drafter 'draft-model' (or 'auto')")
     if isinstance(drafter, Drafter):
         return drafter
     return drafter_factory(drafter, target, draft_model, draft_dtype, **options)()
@@ -123,14 +129,15 @@ _heads: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDict
 
 def attached_head(target, source):
     """The draft head from `source` (a directory, or a target name with a shipped head) attached to the target;
-    loaded once per target model. It runs in bf16, the precision it ships in, where the CPU has fast bf16 kernels:
-    drafting reads half the bytes of fp32 at the same acceptance; elsewhere in fp32."""
+    loaded once per target model. It runs in bf16, the precision it ships in, where bf16 products measure faster on
+    this CPU (kernels.bf16_pays; even without native bf16, reading half the bytes can pay): same acceptance; elsewhere
+    in fp32."""
     from .heads.model import load_head
-    from .kernels import fast_bf16
+    from .kernels import bf16_pays
 
     loaded = _heads.setdefault(target.model, {})
     if str(source) not in loaded:
-        dtype = torch.bfloat16 if fast_bf16() else torch.float32
+        dtype = torch.bfloat16 if bf16_pays() else torch.float32
         loaded[str(source)] = load_head(source, dtype=dtype).attach(target.model)
     return loaded[str(source)]
 

@@ -20,6 +20,7 @@ import torch
 
 from ..engine import Engine
 from ..errors import require
+from ..report_kit import markdown_table, meta_lines, pyplot
 from .methods import _FirstTokenTimer, divergence, first_difference, truncate_at_eos
 
 DRAFTERS = ("prompt-lookup", "ngram", "head", "draft-model")
@@ -147,35 +148,33 @@ def write_outputs(out: pathlib.Path, meta: dict, rows: list[dict], notes: list[s
     """results.json, report.md and throughput.png (output tokens/s against concurrency, a line per method)."""
     import json
 
-    from .plots import _pyplot
-
     out.mkdir(parents=True, exist_ok=True)
     public = [{k: v for k, v in r.items() if k != "tokens"} for r in rows]
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": public, "notes": notes}, indent=2))
     fmt = lambda x, spec: "–" if x is None else format(x, spec)  # noqa: E731
-    lines = ["# leapdecode bench-batch", "", *(f"- **{k}**: {v}" for k, v in meta.items()), "",
-             *(f"> {n}" for n in notes), "",
-             "| method | concurrency | output tok/s | vs engine | requests/s | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) "
-             "| e2e p50 / p99 (s) | tokens / forward (per sequence) | identical to solo greedy |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ["method", "concurrency", "output tok/s", "vs engine", "requests/s", "TTFT p50 / p99 (s)",
+              "TPOT p50 / p99 (ms)", "e2e p50 / p99 (s)", "tokens / forward (per sequence)", "identical to solo greedy"]
     plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["method"] == "engine"}
+    table = []
     for r in rows:
         ratio = r["output_tok_s"] / plain[r["concurrency"]] if r["concurrency"] in plain else None
         per_forward = r["output_tokens"] / r["forwards"] if r.get("forwards") else None
-        lines.append(f"| {r['method']} | {r['concurrency']} | {r['output_tok_s']:.2f} | {fmt(ratio, '.2f')}× | "
-                     f"{r['requests_s']:.3f} | {fmt(r['ttft_p50'], '.2f')} / {fmt(r['ttft_p99'], '.2f')} | "
-                     f"{fmt(r['tpot_p50'] and 1000 * r['tpot_p50'], '.0f')} / "
-                     f"{fmt(r['tpot_p99'] and 1000 * r['tpot_p99'], '.0f')} | {fmt(r['e2e_p50'], '.2f')} / "
-                     f"{fmt(r['e2e_p99'], '.2f')} | {fmt(per_forward, '.2f')} | "
-                     f"{r.get('identical', '–')} of {len(r['tokens'])} |")
+        table.append([r["method"], r["concurrency"], f"{r['output_tok_s']:.2f}", f"{fmt(ratio, '.2f')}×",
+                      f"{r['requests_s']:.3f}", f"{fmt(r['ttft_p50'], '.2f')} / {fmt(r['ttft_p99'], '.2f')}",
+                      f"{fmt(r['tpot_p50'] and 1000 * r['tpot_p50'], '.0f')} / "
+                      f"{fmt(r['tpot_p99'] and 1000 * r['tpot_p99'], '.0f')}",
+                      f"{fmt(r['e2e_p50'], '.2f')} / {fmt(r['e2e_p99'], '.2f')}", fmt(per_forward, ".2f"),
+                      f"{r.get('identical', '–')} of {len(r['tokens'])}"])
+    lines = ["# leapdecode bench-batch", "", *meta_lines(meta), "", *(f"> {n}" for n in notes), "",
+             *markdown_table(header, table)]
     mismatched = [(r["method"], r["concurrency"], m) for r in rows for m in r.get("mismatches", [])]
     if mismatched:
-        lines += ["", "## Outputs that differ from solo greedy", "",
-                  "| method | C | position | top-2 margin | tie margin |", "|---|---:|---:|---:|---:|"]
-        lines += [f"| {m} | {c} | {d.get('position')} | {d.get('top2_margin')} | {d.get('tie_margin')} |"
-                  for m, c, d in mismatched]
+        lines += ["", "## Outputs that differ from solo greedy", ""]
+        lines += markdown_table(["method", "C", "position", "top-2 margin", "tie margin"],
+                                [[m, c, d.get("position"), d.get("top2_margin"), d.get("tie_margin")]
+                                 for m, c, d in mismatched])
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in dict.fromkeys(r["method"] for r in rows):
         points = sorted((r["concurrency"], r["output_tok_s"]) for r in rows if r["method"] == method)

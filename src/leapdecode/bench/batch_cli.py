@@ -2,36 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
-import platform
-import sys
 
 from ..errors import require
 from ..models.registry import DEFAULT_MODEL
+from ..report_kit import environment, markdown_table, meta_lines
 from .batch import METHODS, check_against, run_engine, run_hf_generate, run_hf_generate_batch, write_outputs
 from .cli import _ints, _names
-
-
-def environment(threads: int) -> dict:
-    import torch
-    import transformers
-
-    from .. import __version__
-    from .run import cpu_model
-
-    flags = ""
-    try:
-        text = open("/proc/cpuinfo", encoding="utf-8").read()
-        words = set(next(line for line in text.splitlines() if line.startswith("flags")).split())
-        flags = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in words)
-    except (OSError, StopIteration):
-        pass
-    return {"machine": f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()}; {flags}), {os.cpu_count()} CPUs",
-            "torch threads": threads,
-            "versions": f"python {platform.python_version()}, torch {torch.__version__}, transformers "
-                        f"{transformers.__version__}, leapdecode {__version__}",
-            "command": " ".join(["leapdecode", *sys.argv[1:]])}
 
 
 def cmd_bench_batch(args: argparse.Namespace) -> int:
@@ -114,9 +91,9 @@ def _scenario(args, target, questions, prompts, console) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"meta": meta, "table": table}, indent=2))
     columns = list(next(iter(table.values())))
-    lines = [f"# leapdecode bench-batch --scenario {args.scenario}", "", *(f"- **{k}**: {v}" for k, v in meta.items()),
-             "", "| run | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-    lines += [f"| {label} | " + " | ".join(_cell(row[c]) for c in columns) + " |" for label, row in table.items()]
+    lines = [f"# leapdecode bench-batch --scenario {args.scenario}", "", *meta_lines(meta), "",
+             *markdown_table(["run", *columns], [[label, *(_cell(row[c]) for c in columns)]
+                                                 for label, row in table.items()])]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     console.print("\n".join(lines[-len(table) - 2:]))
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}")

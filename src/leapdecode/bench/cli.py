@@ -87,6 +87,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = run_benchmark(target, questions, cfg, args.out, draft=draft, suite=args.suite,
                            progress=not args.no_progress, console=console)
     s = result.summary
+    if cfg.packed_weights:
+        from ..kernels import describe_kernels
+
+        console.print("kernels chosen (layer shape, dtype x layers: path per row count):")
+        for line in describe_kernels(target.model):
+            console.print(f"  {line}", highlight=False)
     overall = s["groups"]["overall"]
     for label, row in overall.items():
         if "@" in label and label != s["oracle_best"]:
@@ -125,7 +131,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (all methods)")
     p.add_argument("--draft-dtype", default="int8", help="draft model dtype for hf-assisted and draft-model (int8, bfloat16, float32)")
     p.add_argument("--hf-kernels", action="store_true",
-                   help="leapdecode methods use HF's F.linear too (default: pre-packed weights, see README)")
+                   help="leapdecode methods use HF's F.linear too (default: kernels calibrated per host, see README)")
     p.add_argument("--threads", type=int, help="torch threads for all methods (default: torch's choice)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of every method")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

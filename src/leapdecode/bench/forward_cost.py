@@ -1,6 +1,6 @@
 """The cost profile behind the speed-ups: the time of one target forward of n tokens over a warm KV cache, relative to
-one token, with HF's `F.linear` and with the Runner's pre-packed weights. Speculative decoding pays only where
-verifying a draft of k tokens costs little more than decoding one token."""
+one token, with HF's `F.linear` and with the Runner's kernels (chosen per host by calibration). Speculative decoding
+pays only where verifying a draft of k tokens costs little more than decoding one token."""
 from __future__ import annotations
 
 import statistics
@@ -42,6 +42,6 @@ def cost_table(costs: dict, context: int) -> list[str]:
              "| linear kernels | " + " | ".join(f"n={n}" for n in sizes) + " |", "|---|" + "---:|" * len(sizes)]
     for kernels, row in costs.items():
         cells = [f"{row['ms'][sizes[0]]:.1f} ms"] + [f"{row['relative'][n]:.2f}×" for n in sizes[1:]]
-        lines.append(f"| {'pre-packed (leapdecode)' if kernels == 'packed' else 'F.linear (HF)'} | "
+        lines.append(f"| {'leapdecode (calibrated)' if kernels == 'packed' else 'F.linear (HF)'} | "
                      + " | ".join(cells) + " |")
     return lines + [""]

@@ -3,25 +3,19 @@ from __future__ import annotations
 
 import pathlib
 
+from ..report_kit import pyplot
 from .methods import METHODS
 
 COLORS = {m: f"C{i}" for i, m in enumerate(METHODS)}  # one colour per method in every plot
 
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+_pyplot = pyplot  # the name serve/bench_serve.py imports; new code takes `report_kit.pyplot`
 
 
 def plot_speedup(out: pathlib.Path, summary: dict, labels: list[str]) -> str | None:
     """Grouped bars: one group per category (+ overall), one bar per method, speedup over the baseline."""
     if summary["baseline"] is None:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     groups = summary["categories"] + ["overall"]
     width = 0.8 / max(1, len(labels))
     fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(groups) * max(1, len(labels)) * 0.35 + 3), 4.5))
@@ -47,7 +41,7 @@ def plot_draft_length(out: pathlib.Path, run: dict, summary: dict) -> str | None
     swept = [v for v in run["variants"] if v["draft_length"] is not None]
     if not swept:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     overall = summary["groups"]["overall"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in dict.fromkeys(v["method"] for v in swept):

@@ -8,6 +8,7 @@ import pathlib
 import statistics
 from collections import defaultdict
 
+from ..report_kit import markdown_table
 from .forward_cost import cost_table
 from .methods import FLOOR_METHOD
 from .splits import split_groups, split_section
@@ -91,18 +92,19 @@ def _fmt(x, spec: str, none: str = "–") -> str:
 
 
 def _table(rows: dict[str, dict], labels: list[str], baseline: str | None, best: str | None) -> list[str]:
-    head = ["| method | tok/s | speedup vs " + (baseline or "–") + " | % of oracle | accepted tok / target forward "
-            "| target forwards | TTFT ms (median) | identical to greedy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ["method", "tok/s", f"speedup vs {baseline or '–'}", "% of oracle", "accepted tok / target forward",
+              "target forwards", "TTFT ms (median)", "identical to greedy"]
+    body = []
     for label in labels:
         if label not in rows:
             continue
         r = rows[label]
         name = f"oracle (k={label.split('@')[1]}, ceiling)" if label == best else label
         same = f"{100 * r['identical_share']:.0f} %" + ("" if r["identical_share"] == 1 else " ❌ **MISMATCH**")
-        head.append(f"| {name} | {r['tokens_per_second']:.2f} | {_fmt(r['speedup'], '.2f')}× | "
-                    f"{_fmt(r['pct_of_oracle'], '.0f')} % | {r['mean_accepted_tokens']:.2f} | {r['forward_passes']:.0f} | "
-                    f"{1000 * r['time_to_first_token']:.0f} | {same} |")
-    return head
+        body.append([name, f"{r['tokens_per_second']:.2f}", f"{_fmt(r['speedup'], '.2f')}×",
+                     f"{_fmt(r['pct_of_oracle'], '.0f')} %", f"{r['mean_accepted_tokens']:.2f}",
+                     f"{r['forward_passes']:.0f}", f"{1000 * r['time_to_first_token']:.0f}", same])
+    return markdown_table(header, body)
 
 
 def _mismatch_section(run: dict, summary: dict) -> list[str]:
@@ -115,9 +117,7 @@ def _mismatch_section(run: dict, summary: dict) -> list[str]:
              "method here is meant to be lossless. The first difference of each (question, turn, method) with the "
              "target's top-2 logit margin there (a margin within a few units in the last place of the logit in the "
              "model's dtype, and at least 0.01, reads as a floating-point tie between two near-equal logits; a larger "
-             "one is a bug):", "",
-             "| method | question | turn | repeats differing | first differing token | top-2 margin | verdict |",
-             "|---|---|---:|---:|---:|---:|---|"]
+             "one is a bug):", ""]
     counts: dict[tuple, int] = defaultdict(int)
     first: dict[tuple, dict] = {}
     for r in bad:
@@ -125,13 +125,14 @@ def _mismatch_section(run: dict, summary: dict) -> list[str]:
         counts[key] += 1
         if "divergence" in r:
             first[key] = r["divergence"]
+    rows = []
     for key, n in counts.items():
         d = first.get(key, {})
         margin = d.get("top2_margin")
         verdict = "–" if margin is None else ("numerical tie" if margin <= d["tie_margin"] else "**LIKELY BUG**")
-        lines.append(f"| {key[0]} | {key[1]} | {key[2] + 1} | {n} | {d.get('position', '–')} | "
-                     f"{_fmt(margin, '.4g')} | {verdict} |")
-    return lines + [""]
+        rows.append([key[0], key[1], key[2] + 1, n, d.get("position", "–"), _fmt(margin, ".4g"), verdict])
+    header = ["method", "question", "turn", "repeats differing", "first differing token", "top-2 margin", "verdict"]
+    return lines + markdown_table(header, rows, align="--rrrr-") + [""]
 
 
 def _sweep_section(run: dict, summary: dict) -> list[str]:
@@ -142,15 +143,15 @@ def _sweep_section(run: dict, summary: dict) -> list[str]:
     methods = list(dict.fromkeys(v["method"] for v in swept))
     overall = summary["groups"]["overall"]
     lines = ["## Draft length sweep (overall, fixed k, adaptive control off)", "",
-             "tok/s (accepted tokens per target forward)", "",
-             "| method | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---:|" * len(ks)]
+             "tok/s (accepted tokens per target forward)", ""]
+    rows = []
     for m in methods:
         cells = []
         for k in ks:
             r = overall.get(f"{m}@{k}")
             cells.append("–" if r is None else f"{r['tokens_per_second']:.2f} ({r['mean_accepted_tokens']:.2f})")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return lines + [""]
+        rows.append([m, *cells])
+    return lines + markdown_table(["method", *(f"k={k}" for k in ks)], rows) + [""]
 
 
 def write_report(out: pathlib.Path, meta: dict, run: dict, summary: dict, plots: list[str]) -> pathlib.Path:
@@ -159,8 +160,7 @@ def write_report(out: pathlib.Path, meta: dict, run: dict, summary: dict, plots:
              f"{meta['timestamp']} · {s['turns']} measured turns from {s['questions']} questions · "
              f"{s['repeats']} repeat(s) per method, medians reported", ""]
     lines += _mismatch_section(run, summary)
-    lines += ["## Setup", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in meta["setup"].items()]
+    lines += ["## Setup", ""] + markdown_table(["", ""], [[k, v] for k, v in meta["setup"].items()], align="-")
     labels, base, best = main_rows(run, summary), summary["baseline"], summary["oracle_best"]
     lines += ["", "## Overall", ""] + _table(summary["groups"]["overall"], labels, base, best) + [""]
     if summary.get("none_time_per_token_over_floor") is not None:

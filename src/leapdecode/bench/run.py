@@ -4,8 +4,6 @@ from __future__ import annotations
 import datetime
 import os
 import pathlib
-import platform
-import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -13,6 +11,7 @@ import torch
 from ..api import attached_head, encode_prompt
 from ..errors import LeapDecodeError
 from ..models.quantize import dtype_name
+from ..report_kit import environment
 from .forward_cost import forward_costs
 from .methods import BenchContext
 from .plots import plot_draft_length, plot_speedup
@@ -29,16 +28,6 @@ class BenchOutput:
     plots: list[pathlib.Path]
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _load() -> float:
     try:
         return round(os.getloadavg()[0], 2)
@@ -47,17 +36,13 @@ def _load() -> float:
 
 
 def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: list[Question]) -> dict:
-    """Everything a reader needs to judge the numbers: machine, versions, dtype, settings."""
-    import transformers
-
-    from .. import __version__
-
+    """Everything a reader needs to judge the numbers: machine, versions, dtype, settings (the shared header of
+    `report_kit.environment`, with the command line kept last)."""
+    env = environment(torch.get_num_threads())
     return {
-        "machine": f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} logical CPUs, "
-                   f"{platform.system()} {platform.release()}",
-        "torch threads": torch.get_num_threads(),
-        "versions": f"python {platform.python_version()}, torch {torch.__version__}, transformers "
-                    f"{transformers.__version__}, leapdecode {__version__}",
+        "machine": env["machine"],
+        "torch threads": env["torch threads"],
+        "versions": env["versions"],
         "target model": f"{ctx.target.name} ({sum(p.numel() for p in ctx.target.model.parameters()) / 1e6:.0f}M "
                         f"parameters, {ctx.target.path})",
         "draft model": f"{ctx.draft.name} ({ctx.draft.path}), {dtype_name(ctx.draft.model)} for hf-assisted and draft-model"
@@ -75,9 +60,10 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
                               + "".join(f", {m}" for m in cfg.sweep) + " (adaptive off)",
         "hf-prompt-lookup": f"prompt_lookup_num_tokens={cfg.hf_prompt_lookup_tokens}",
         "draft head": _head_source(ctx) if "head" in cfg.methods else "not measured",
-        "linear kernels": ("pre-packed oneDNN weights for leapdecode methods, HF's F.linear for hf-* methods"
+        "linear kernels": ("chosen per layer shape and row count by calibration on this host for leapdecode methods "
+                           "(see 'kernels chosen'), HF's F.linear for hf-* methods"
                            if cfg.packed_weights else "HF's F.linear for all methods (--hf-kernels)"),
-        "command": " ".join(["leapdecode", *sys.argv[1:]]) if sys.argv else "",
+        "command": env["command"],
     }
 
 
@@ -115,6 +101,11 @@ def run_benchmark(target, questions: list[Question], cfg: BenchConfig, out: str 
     finally:
         tlog.set_verbosity(level)
     summary = summarize(run)
+    if cfg.packed_weights:
+        from ..kernels import describe_kernels, kernel_table
+
+        setup["kernels chosen"] = "; ".join(describe_kernels(target.model))
+        run["kernels"] = kernel_table(target.model)
     setup["load average (1 min)"] = (f"{load_start} at start, {_load()} at end on {os.cpu_count()} CPUs"
                                      + (": a busy machine, timings are noisy" if max(load_start, _load()) >
                                         (os.cpu_count() or 1) else ""))

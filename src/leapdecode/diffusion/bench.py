@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from ..report_kit import markdown_table, pyplot
 from .decoders import (CreditDecoder, EGPDecoder, FixedStepsDecoder, Learn2PDDecoder, PositionFilter, ProphetDecoder,
                        ThresholdDecoder)
 from .interface import DiffusionLM
@@ -149,22 +150,19 @@ def markdown(report: dict) -> str:
     tasks, s = report["tasks"], report["settings"]
     lines = [f"Held-out split: {report['heldout_per_task']} prompts per task, gen length {report['gen_len']}, "
              f"block length {report['block_len']}. TPF = gen length / NFE. Multi-answer tasks: "
-             f"{', '.join(report['multi_answer_tasks'])}.", "",
-             "| decoder | accuracy % | NFE | TPF | ms / seq | TPF % of EGP |", "|---|---:|---:|---:|---:|---:|"]
-    for label, v in s.items():
-        pct = f"{v['tpf_pct_of_egp']:.0f}" if v["tpf_pct_of_egp"] is not None else "-"
-        lines.append(f"| {label} | {v['accuracy']:.1f} | {v['nfe']:.2f} | {v['tpf']:.2f} | {v['ms_per_seq']:.1f} "
-                     f"| {pct} |")
-    lines += ["", "AUP per decoder family (d3LLM definition; per task, then averaged):", "",
-              "| family | " + " | ".join(tasks) + " | mean |", "|---|" + "---:|" * (len(tasks) + 1)]
-    for fam, f in report["families"].items():
-        lines.append(f"| {fam} | " + " | ".join(f"{f['aup_per_task'][t]:.0f}" for t in tasks)
-                     + f" | {f['aup_mean_over_tasks']:.0f} |")
+             f"{', '.join(report['multi_answer_tasks'])}.", ""]
+    lines += markdown_table(["decoder", "accuracy %", "NFE", "TPF", "ms / seq", "TPF % of EGP"], [
+        [label, f"{v['accuracy']:.1f}", f"{v['nfe']:.2f}", f"{v['tpf']:.2f}", f"{v['ms_per_seq']:.1f}",
+         f"{v['tpf_pct_of_egp']:.0f}" if v["tpf_pct_of_egp"] is not None else "-"] for label, v in s.items()])
+    lines += ["", "AUP per decoder family (d3LLM definition; per task, then averaged):", ""]
+    lines += markdown_table(["family", *tasks, "mean"], [
+        [fam, *(f"{f['aup_per_task'][t]:.0f}" for t in tasks), f"{f['aup_mean_over_tasks']:.0f}"]
+        for fam, f in report["families"].items()])
     lines += parallelism_cost(report)
     for key, title in (("accuracy", "Accuracy % per task"), ("nfe", "NFE per task")):
-        lines += ["", f"{title}:", "", "| decoder | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks)]
-        for label, v in s.items():
-            lines.append(f"| {label} | " + " | ".join(f"{v['per_task'][t][key]:.1f}" for t in tasks) + " |")
+        lines += ["", f"{title}:", ""]
+        lines += markdown_table(["decoder", *tasks],
+                                [[label, *(f"{v['per_task'][t][key]:.1f}" for t in tasks)] for label, v in s.items()])
     return "\n".join(lines) + "\n"
 
 
@@ -194,14 +192,15 @@ def parallelism_cost(report: dict) -> list[str]:
     cols = [f"{t}{' *' if t in multi else ''}" for t in tasks]
     lines = ["", "Naive parallel decoding, per task (accuracy %; `fixed_steps k=K` commits K tokens per forward, the K "
              "most confident; * = several valid answers whose tokens must agree; last columns: mean over the "
-             "multi-answer tasks and over all tasks):", "",
-             "| decoder | NFE | " + " | ".join(cols) + " | multi-answer | all |", "|---|---:|" + "---:|" * (len(tasks) + 2)]
+             "multi-answer tasks and over all tasks):", ""]
+    rows = []
     for label in naive:
         v = s[label]
         pt = v["per_task"]
         m = [pt[t]["accuracy"] for t in tasks if t in multi]
-        lines.append(f"| {label} | {v['nfe']:.1f} | " + " | ".join(f"{pt[t]['accuracy']:.0f}" for t in tasks)
-                     + f" | {sum(m) / len(m) if m else float('nan'):.1f} | {v['accuracy']:.1f} |")
+        rows.append([label, f"{v['nfe']:.1f}", *(f"{pt[t]['accuracy']:.0f}" for t in tasks),
+                     f"{sum(m) / len(m) if m else float('nan'):.1f}", f"{v['accuracy']:.1f}"])
+    lines += markdown_table(["decoder", "NFE", *cols, "multi-answer", "all"], rows)
     h = headline(report)
     ref = h["reference"]
     lines += ["", f"Headline: the reference ({ref['label']}) reaches {ref['accuracy']:.1f} % in {ref['nfe']:.2f} "
@@ -214,11 +213,7 @@ def parallelism_cost(report: dict) -> list[str]:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     pts = []
     for fam in report["families"]:

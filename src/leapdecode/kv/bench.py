@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import platform
 import re
 import statistics
 import time
@@ -22,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import require
+from ..report_kit import environment
 from ..runner import Runner
 from . import KV_PRESSES, kv_bytes, make_press
 from .base import full_prefill
@@ -149,7 +149,7 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = print) -> di
                                     "tokens": sample.tokens, **row})
                 log(f"length {length} sample {index} ({sample.kind}, {sample.tokens} tokens): "
                     f"{time.perf_counter() - start:.1f}s; " + ", ".join(_brief(r) for r in rows))
-    return {"settings": asdict(settings), "machine": machine(), "model": loaded.name, "records": records,
+    return {"settings": asdict(settings), "machine": environment(torch.get_num_threads()), "model": loaded.name, "records": records,
             "summary": summarize(records)}
 
 
@@ -232,14 +232,6 @@ def summarize(records: list[dict]) -> list[dict]:
             "identical_prefix": sum(r["identical_prefix"] for r in docs) / len(docs) if docs else None,
         })
     return out
-
-
-def machine() -> dict:
-    import transformers
-
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "threads": torch.get_num_threads()}
 
 
 def check_targets(summary: list[dict], length: int = 4096) -> list[dict]:

@@ -1,0 +1,24 @@
+"""CPU kernels the Runner uses inside its own forwards, chosen per host by measurement.
+
+- `install_packed_linear` routes a model's fp32/bf16 `nn.Linear` layers through a per-call choice of linear path
+  (`F.linear`, a weight pre-packed once into oneDNN's blocked layout, with or without padding to four rows), active
+  only under `packed_kernels(...)`: HF `generate` and the bench's baselines keep `F.linear`.
+- `install_argmax_head` lets a greedy decode's output head run as an ArgmaxOutputHead (bf16, exact argmax).
+- `calibrate` measures the paths per layer shape, dtype and row count on this host (cached on disk) and `kernel_table`
+  / `describe_kernels` show what was chosen; `configure(linear=..., argmax_head=...)` forces a choice instead.
+- `ops` checks the private `torch.ops.mkldnn` ops once: where they are missing or fail, `F.linear` is used with a
+  one-line notice.
+bf16 packed results equal `F.linear`'s bit for bit; fp32 ones differ in rounding (~1e-6 relative), like any two GEMMs.
+"""
+from .argmax_head import BF16_ROUNDING, ArgmaxOutputHead, fast_bf16
+from .calibrate import BUCKETS, Plan, bf16_pays, cache_file, describe_kernels, kernel_table
+from .ops import PAD_ROWS, packed_matmul, packed_ops
+from .packed import (ARGMAX_PATHS, LINEAR_PATHS, MODES, argmax_logits, chosen_path, configure, configured,
+                     install_argmax_head, install_packed_linear, packed_kernels, settings)
+
+_packed_matmul = packed_matmul  # the name tests and older callers use
+
+__all__ = ["ARGMAX_PATHS", "ArgmaxOutputHead", "BF16_ROUNDING", "BUCKETS", "LINEAR_PATHS", "MODES", "PAD_ROWS", "Plan",
+           "argmax_logits", "bf16_pays", "cache_file", "chosen_path", "configure", "configured", "describe_kernels",
+           "fast_bf16", "install_argmax_head", "install_packed_linear", "kernel_table", "packed_kernels",
+           "packed_ops", "settings"]

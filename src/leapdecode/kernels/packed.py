@@ -1,0 +1,203 @@
+"""Per-call dispatch of a model's `nn.Linear` layers to a linear path, inside leapdecode's own forwards only.
+
+Paths: "hf" (the layer's own forward, `F.linear`), "packed" (a copy of the weight packed once into oneDNN's blocked
+layout: `F.linear` re-lays out a plain weight on every call), "packed-pad" (the same, fewer than four rows zero-padded
+to four), and for a greedy output head "argmax-bf16-packed" / "argmax-bf16-linear" (ArgmaxOutputHead). Under the
+"auto" setting each layer follows the plan calibration measured for its shape, dtype and row count on this host.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import types
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from .argmax_head import ArgmaxOutputHead, fast_bf16
+from .ops import notice, packed_matmul, packed_ops, reorder
+
+LINEAR_PATHS = ("hf", "packed", "packed-pad")
+ARGMAX_PATHS = ("argmax-bf16-packed", "argmax-bf16-linear")
+MODES = ("auto",) + LINEAR_PATHS
+ARGMAX_MODES = ("auto", "on", "off")
+
+# linear: "auto" (calibrated per host) or a path forced everywhere; argmax_head: "auto" (where calibration found it
+# faster), "on" (always, where greedy asks for it) or "off"; cache_dir: None for the user cache dir
+_settings: dict = {"linear": "auto", "argmax_head": "auto", "cache_dir": None}
+_mode = contextvars.ContextVar("leapdecode_packed_linear", default=False)
+_argmax_only = contextvars.ContextVar("leapdecode_argmax_only", default=False)
+# module -> {kind: ((weight pointer, version), derived weight)}; outside the module so that copies of a model don't
+# carry it, and rebuilt when the weight is replaced or changed in place
+_derived: "weakref.WeakKeyDictionary[torch.nn.Linear, dict]" = weakref.WeakKeyDictionary()
+_DERIVED_KIND = {"packed": "packed", "packed-pad": "packed", "argmax-bf16-packed": "argmax-packed",
+                 "argmax-bf16-linear": "argmax-linear"}
+
+
+def settings() -> dict:
+    return dict(_settings)
+
+
+def configure(linear: str | None = None, argmax_head: str | None = None, cache_dir=None) -> dict:
+    """Set the process's kernel choice (None leaves a setting as is); returns the previous settings.
+    linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"."""
+    if linear is not None and linear not in MODES:
+        raise ValueError(f"linear kernels must be one of {', '.join(MODES)}, got {linear!r}")
+    if argmax_head is not None and argmax_head not in ARGMAX_MODES:
+        raise ValueError(f"argmax_head must be one of {', '.join(ARGMAX_MODES)}, got {argmax_head!r}")
+    previous = settings()
+    for key, value in (("linear", linear), ("argmax_head", argmax_head), ("cache_dir", cache_dir)):
+        if value is not None:
+            _settings[key] = value
+    return previous
+
+
+@contextlib.contextmanager
+def configured(**kwargs):
+    """configure(...) for the duration of a with block."""
+    previous = configure(**kwargs)
+    try:
+        yield
+    finally:
+        _settings.update(previous)
+
+
+def install_packed_linear(model: torch.nn.Module) -> None:
+    """Let the model's CPU fp32/bf16 nn.Linear layers run on the chosen linear path while `packed_kernels` is on, and
+    give them their calibrated plans (measured once per host and shape, then read from the disk cache)."""
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and not hasattr(module, "_leapdecode_linear") and _eligible(module.weight):
+            module._leapdecode_linear = module.forward
+            module.forward = types.MethodType(_dispatch, module)
+    if _settings["linear"] == "auto":
+        from .calibrate import assign_plans
+
+        assign_plans(installed(model))
+
+
+def install_argmax_head(model: torch.nn.Module) -> bool:
+    """Let the model's fp32 output head (without bias) run as an ArgmaxOutputHead under `argmax_logits(True)` where
+    that is faster here (or forced on); returns whether it may."""
+    head = model.get_output_embeddings()
+    if not (hasattr(head, "_leapdecode_linear") and head.weight.dtype == torch.float32 and head.bias is None):
+        return False
+    if _settings["argmax_head"] == "off":
+        return False
+    head._leapdecode_argmax = True
+    if _settings["linear"] == "auto" or _settings["argmax_head"] == "auto":
+        from .calibrate import assign_plans
+
+        assign_plans([head])
+    return True
+
+
+def installed(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if hasattr(m, "_leapdecode_linear")]
+
+
+def packed_kernels(on: bool | str):
+    """While on, nn.Linear layers given install_packed_linear run on their chosen path: True follows the settings
+    (calibrated "auto" by default), a mode name forces it, False keeps the layers' own forward."""
+    if isinstance(on, str) and on not in MODES:
+        raise ValueError(f"linear kernels must be one of {', '.join(MODES)}, got {on!r}")
+    return _switched(_mode, on)
+
+
+def argmax_logits(on: bool):
+    """While on, an output head given install_argmax_head may return logits faithful only in their argmax."""
+    return _switched(_argmax_only, on)
+
+
+def chosen_path(module: torch.nn.Linear, rows: int, mode: bool | str = True, argmax_only: bool = False) -> str:
+    """The path a call of `rows` rows takes through `module` under `mode`."""
+    if not mode or not hasattr(module, "_leapdecode_linear"):
+        return "hf"
+    if mode is True:
+        mode = _settings["linear"]
+    plan = getattr(module, "_leapdecode_plan", None)
+    linear = (plan.linear(rows) if plan is not None else "hf") if mode == "auto" else mode
+    if argmax_only and getattr(module, "_leapdecode_argmax", False):
+        wanted = _settings["argmax_head"]
+        if wanted == "on":
+            return plan.argmax_variant(rows) if plan is not None and plan.has_argmax else default_argmax_path()
+        if wanted == "auto" and mode != "hf" and plan is not None and plan.has_argmax:
+            best = plan.argmax(rows)
+            if best in ARGMAX_PATHS:
+                return best
+    return linear
+
+
+def default_argmax_path() -> str:
+    return "argmax-bf16-packed" if fast_bf16() and packed_ops(torch.bfloat16) else "argmax-bf16-linear"
+
+
+def prepare(path: str, weight: torch.Tensor):
+    """What `path` computes with, derived from a weight (packing it, or a bf16 copy for the argmax head)."""
+    if path == "hf":
+        return weight
+    if path in ("packed", "packed-pad"):
+        return reorder(weight)
+    return ArgmaxOutputHead(weight, packed=path == "argmax-bf16-packed")
+
+
+def apply(path: str, state, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """flat [rows, in] through `path` with its prepared state."""
+    if path == "hf":
+        return F.linear(flat, state, bias)
+    if path in ("packed", "packed-pad"):
+        return packed_matmul(flat, state, bias, pad=path == "packed-pad")
+    return state(flat)
+
+
+def available(path: str, dtype: torch.dtype) -> bool:
+    if path == "hf" or path == "argmax-bf16-linear":
+        return True
+    if path == "argmax-bf16-packed":
+        return packed_ops(torch.bfloat16)
+    return packed_ops(dtype)
+
+
+def drop_derived(module: torch.nn.Linear, keep: set[str]) -> None:
+    """Free derived weights of paths the module's plan never takes (a packed copy is as large as the weight)."""
+    entries = _derived.get(module, {})
+    for kind in [k for k in entries if k not in {_DERIVED_KIND.get(p) for p in keep}]:
+        del entries[kind]
+
+
+def _eligible(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+
+
+def _state(module: torch.nn.Linear, path: str):
+    kind = _DERIVED_KIND[path]
+    key = (module.weight.data_ptr(), module.weight._version)
+    entries = _derived.setdefault(module, {})
+    if kind not in entries or entries[kind][0] != key:
+        entries[kind] = (key, prepare(path, module.weight.detach()))
+    return entries[kind][1]
+
+
+def _dispatch(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    mode = _mode.get()
+    if not mode:
+        return self._leapdecode_linear(x)
+    path = chosen_path(self, x.numel() // max(1, x.shape[-1]), mode, _argmax_only.get())
+    if path == "hf" or getattr(self, "_leapdecode_broken", False) or not available(path, self.weight.dtype):
+        return self._leapdecode_linear(x)
+    try:
+        flat = apply(path, _state(self, path), x.reshape(-1, x.shape[-1]), self.bias)
+    except Exception as e:  # noqa: BLE001 - a private op failing on this input: F.linear from now on, never a crash
+        self._leapdecode_broken = True
+        notice(f"the {path} linear kernel failed ({type(e).__name__}); this layer uses F.linear from now on")
+        return self._leapdecode_linear(x)
+    return flat.reshape(*x.shape[:-1], flat.shape[-1])
+
+
+@contextlib.contextmanager
+def _switched(switch: contextvars.ContextVar, on):
+    token = switch.set(on)
+    try:
+        yield
+    finally:
+        switch.reset(token)

@@ -1,0 +1,167 @@
+"""Kernel choice: every linear path gives the same greedy tokens, calibration picks the fastest path per shape and
+row count and caches it per host, and missing or failing oneDNN ops fall back to F.linear with a one-line notice."""
+import logging
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from leapdecode import kernels
+from leapdecode.kernels import calibrate, ops
+from leapdecode.kernels.calibrate import Plan
+from leapdecode.runner import Runner
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Each test calibrates into its own cache dir, from an empty memory, as on a quiet machine."""
+    monkeypatch.setattr(calibrate, "_quiet", lambda: True)
+    calibrate.forget()
+    with kernels.configured(cache_dir=str(tmp_path)):
+        yield tmp_path
+    calibrate.forget()
+    ops.forget_checks()
+
+
+def _greedy(runner: Runner, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    """n greedy tokens one forward at a time, then the argmaxes of one forward over all of them (a verification)."""
+    tokens = [int(runner.prefill(prompt).argmax())]
+    for _ in range(n - 1):
+        tokens.append(int(runner.forward([tokens[-1]])[0].argmax()))
+    runner.rollback(n - 1)
+    return tokens, runner.forward(tokens).argmax(-1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_every_kernel_path_gives_the_same_greedy_tokens(arch):
+    model = tiny_model(arch, seed=11, vocab=97)
+    prompt = torch.randint(0, 97, (7,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.no_grad():
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                   attention_mask=torch.ones(1, 7, dtype=torch.long))[0, 7:].tolist()
+    seen = set()
+    for linear in kernels.MODES:
+        for argmax_head in ("off", "on"):
+            with kernels.configured(linear=linear, argmax_head=argmax_head):
+                runner = Runner(model)
+                runner.argmax_only = True
+                tokens, verified = _greedy(runner, prompt, 12)
+                seen |= {kernels.chosen_path(model.get_output_embeddings(), rows, True, True) for rows in (1, 12)}
+            assert tokens == reference, (linear, argmax_head)
+            assert verified[:-1].tolist() == tokens[1:], (linear, argmax_head)
+    assert set(kernels.ARGMAX_PATHS) & seen and {"packed", "packed-pad", "hf"} <= seen  # every path really ran
+
+
+def test_plan_takes_the_fastest_path_at_the_nearest_bucket_and_prefers_f_linear_on_near_ties():
+    linear = {"buckets": [1, 4, 16], "ms": {"hf": [1.0, 2.0, 3.0], "packed": [0.5, 1.99, None],
+                                            "packed-pad": [0.4, None, None]}}
+    plan = Plan(linear)
+    assert [plan.linear(r) for r in (1, 2, 3, 4, 9, 10, 16, 500)] == [
+        "packed-pad", "packed-pad", "hf", "hf", "hf", "hf", "hf", "hf"]  # 1.99 is within the margin of 2.0
+    assert plan.ranges() == [(1, 2, "packed-pad"), (3, 16, "hf")]
+    argmax = {"buckets": [1, 4, 16],
+              "ms": {"argmax-bf16-packed": [0.3, 2.5, None], "argmax-bf16-linear": [0.2, 3.0, 9]}}
+    plan = Plan(linear, argmax)
+    assert [plan.argmax(r) for r in (1, 4, 16)] == ["argmax-bf16-linear", "hf", "hf"]
+    assert [plan.argmax_variant(r) for r in (1, 4, 16)] == ["argmax-bf16-linear", "argmax-bf16-packed",
+                                                            "argmax-bf16-linear"]
+    assert plan.linear(0) == "packed-pad"  # an empty call still finds a bucket
+    coarse = Plan(linear, {"buckets": [1, 16], "ms": {"argmax-bf16-linear": [0.2, 1.0]}})  # fewer row counts timed
+    assert [coarse.argmax(r) for r in (1, 4, 16)] == ["argmax-bf16-linear", "argmax-bf16-linear", "argmax-bf16-linear"]
+
+
+def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, monkeypatch):
+    model = tiny_model("llama", seed=12, vocab=97)
+    Runner(model)
+    table = kernels.kernel_table(model)
+    shapes = {(m.out_features, m.in_features) for m in model.modules() if type(m) is torch.nn.Linear}
+    assert {tuple(map(int, row["shape"].split("x"))) for row in table} == shapes
+    for row in table:
+        assert row["cached"] and row["linear"][0][0] == 1 and row["linear"][-1][1] == kernels.BUCKETS[-1]
+        assert {path for _, _, path in row["linear"]} <= set(kernels.LINEAR_PATHS)
+    assert sum("argmax" in row for row in table) == 1
+    assert len(kernels.describe_kernels(model)) == len(table)
+    assert kernels.cache_file().exists()
+
+    measured = []
+    real = calibrate._measure
+    monkeypatch.setattr(calibrate, "_measure", lambda *a: measured.append(a[0][0].shape) or real(*a))
+    calibrate.forget()                                   # a new process: plans come from the disk cache
+    Runner(tiny_model("llama", seed=13, vocab=97))
+    assert measured == []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)                   # another thread count is another host key
+    try:
+        Runner(tiny_model("llama", seed=13, vocab=97))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(measured) == len(shapes) + 1              # every shape, and the head's argmax variants
+
+
+def test_timings_from_a_busy_machine_serve_the_process_but_are_not_cached(monkeypatch):
+    monkeypatch.setattr(calibrate, "_quiet", lambda: False)
+    model = tiny_model("llama", seed=14, vocab=97)
+    Runner(model)
+    assert not any(row["cached"] for row in kernels.kernel_table(model))
+    assert "busy machine" in kernels.describe_kernels(model)[0]
+    assert not kernels.cache_file().exists()
+    monkeypatch.setattr(calibrate, "_quiet", lambda: True)
+    Runner(tiny_model("llama", seed=14, vocab=101))         # quiet now: only its new output head shape is measured
+    import json
+
+    cached = json.loads(kernels.cache_file().read_text())
+    assert len(cached) == 2 and all("|101x64|" in key for key in cached)  # the head's linear and argmax timings
+
+
+def test_forced_and_unknown_settings():
+    model = tiny_model("llama", seed=15, vocab=97)
+    with kernels.configured(linear="packed"):
+        Runner(model)
+        assert {row["linear"][0][2] for row in kernels.kernel_table(model)} == {"packed"}
+    with pytest.raises(ValueError):
+        kernels.configure(linear="fastest")
+    with pytest.raises(ValueError):
+        kernels.configure(argmax_head="yes")
+    assert kernels.settings()["linear"] == "auto"
+    assert isinstance(kernels.bf16_pays(), bool)
+
+
+@pytest.mark.parametrize("failure", ["missing", "failing", "wrong"])
+def test_broken_mkldnn_ops_fall_back_to_f_linear_with_a_one_line_notice(monkeypatch, caplog, failure):
+    def broken(flat, packed, bias):
+        if failure == "wrong":
+            return flat.new_zeros(flat.shape[0], packed.shape[0])
+        if failure == "missing":
+            raise AttributeError("'_OpNamespace' 'mkldnn' object has no attribute '_linear_pointwise'")
+        raise RuntimeError("could not create a primitive\nfrom a long multi-line oneDNN message")
+
+    monkeypatch.setattr(ops, "linear_pointwise", broken)
+    ops.forget_checks()
+    model = tiny_model("llama", seed=16, vocab=97)
+    ids = torch.randint(0, 97, (9,)).tolist()
+    with torch.inference_mode():
+        plain = model(torch.tensor([ids])).logits[0, 4:]
+    with caplog.at_level(logging.WARNING, logger="leapdecode"):
+        for linear in ("auto", "packed-pad"):
+            with kernels.configured(linear=linear):
+                runner = Runner(model)
+                runner.prefill(ids[:4])
+                assert torch.equal(runner.forward(ids[4:]), plain)
+    assert not kernels.packed_ops()
+    notices = [r for r in caplog.records if "oneDNN" in r.getMessage()]
+    assert len(notices) == 1 and "\n" not in notices[0].getMessage() and notices[0].exc_info is None
+
+
+def test_a_packed_call_failing_at_run_time_falls_back_for_that_layer(monkeypatch, caplog):
+    assert kernels.packed_ops()                           # the check passed; later calls break
+    model = tiny_model("llama", seed=17, vocab=97)
+    ids = torch.randint(0, 97, (9,)).tolist()
+    with torch.inference_mode():
+        plain = model(torch.tensor([ids])).logits[0, 4:]
+    with kernels.configured(linear="packed"):
+        runner = Runner(model)
+        runner.prefill(ids[:4])
+        monkeypatch.setattr(ops, "linear_pointwise", lambda *a: (_ for _ in ()).throw(RuntimeError("bad\nshape")))
+        with caplog.at_level(logging.WARNING, logger="leapdecode"):
+            assert torch.equal(runner.forward(ids[4:]), plain)
+    assert len({r.getMessage() for r in caplog.records}) == 1 and all(r.exc_info is None for r in caplog.records)
