@@ -85,20 +85,24 @@ def _vocab_fingerprint(tokenizer) -> int:
 def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype="int8", **options) -> Drafter:
     """A Drafter instance from its name ('auto': see default_drafter); loads and checks the draft model for
     'draft-model'. A draft model goes with 'draft-model' or 'auto' (which then means 'draft-model'), never ignored."""
-    if draft_model is not None and drafter == "auto":
-        drafter = "draft-model"
-    name = drafter.name if isinstance(drafter, Drafter) else drafter
-    require(draft_model is None or name == "draft-model",
-            f"a draft model (--draft-model) is used only by the draft-model drafter, not by '{name}': "
-            "drop it, or use drafter 'draft-model' (or 'auto')")
     if isinstance(drafter, Drafter):
+        _check_draft_model(drafter.name, draft_model)
         return drafter
     return drafter_factory(drafter, target, draft_model, draft_dtype, **options)()
+
+
+def _check_draft_model(drafter: str, draft_model) -> None:
+    require(draft_model is None or drafter == "draft-model",
+            f"a draft model (--draft-model) is used only by the draft-model drafter, not by '{drafter}': "
+            "drop it, or use drafter 'draft-model' (or 'auto')")
 
 
 def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", **options) -> Callable[[], Drafter]:
     """A function that makes a fresh drafter (one per request: drafters keep per-request state), with what they
     share loaded once: the draft model, the draft head. Bad names and missing pieces fail here, not per request."""
+    if draft_model is not None and drafter == "auto":
+        drafter = "draft-model"
+    _check_draft_model(drafter, draft_model)
     if drafter == "auto":
         drafter = default_drafter(target.name)
     if drafter == "draft-model" and draft_model is not None:
