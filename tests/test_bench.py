@@ -181,3 +181,28 @@ def test_tie_margin_follows_the_dtype():
 
     assert bench_methods.tie_margin(20.0, torch.bfloat16) > 0.125
     assert bench_methods.tie_margin(20.0, torch.float32) == 0.01
+
+
+@pytest.mark.parametrize("corrupted", [True, False])
+def test_cli_fail_on_mismatch_exits_3(tiny, tmp_path, monkeypatch, capsys, corrupted):
+    """`leapdecode bench --fail-on-mismatch` exits 3 when an output was planted to differ from greedy, 0 otherwise."""
+    import leapdecode.models
+
+    target, _ = tiny
+    monkeypatch.setattr(leapdecode.models, "load_model", lambda spec, dtype="float32": target)
+    if corrupted:
+        real = bench_methods.run_variant
+
+        def corrupt(ctx, variant, *args, **kw):
+            m = real(ctx, variant, *args, **kw)
+            if variant.method == "prompt-lookup" and len(m.token_ids) > 2:
+                m.token_ids = m.token_ids[:2] + [(m.token_ids[2] + 1) % len(target.tokenizer)] + m.token_ids[3:]
+            return m
+
+        monkeypatch.setattr(bench_runner, "run_variant", corrupt)
+    suite = write_jsonl(tmp_path / "s.jsonl", SMALL[1:])
+    code = bench_main(["bench", "--model", "tiny", "--methods", "hf-generate,none,prompt-lookup", "--suite", suite,
+                       "--max-new-tokens", "8", "--repeats", "1", "--no-warmup", "--no-progress",
+                       "--fail-on-mismatch", "--out", str(tmp_path / "out")])
+    assert code == (3 if corrupted else 0)
+    assert ("MISMATCH" in capsys.readouterr().err) == corrupted

@@ -56,6 +56,13 @@ def test_draft_model_with_same_tokenizer_runs(capsys, tiny_dir):
     assert code == 0 and json.loads(out)["drafter"] == "draft-model"
 
 
+def test_draft_model_with_the_default_drafter_drafts_with_it(capsys, tiny_dir):
+    """--draft-model alone (drafter auto) means: draft with that model, not the default drafter."""
+    code, out, _ = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--draft-model", tiny_dir, "--json",
+                           "--max-new-tokens", "6")
+    assert code == 0 and json.loads(out)["drafter"] == "draft-model"
+
+
 def test_default_drafter_is_the_shipped_head_or_prompt_lookup(capsys, tiny_dir):
     from leapdecode.api import default_drafter
 
@@ -78,12 +85,40 @@ BAD_INPUTS = {
     "draft-model without a draft model": (["--drafter", "draft-model"], "draft model"),
     "bad dtype": (["--dtype", "int3"], "dtype"),
     "bad draft length": (["--draft-length", "0"], "draft length"),
+    "draft model with another drafter": (["--drafter", "ngram", "--draft-model", "{tiny}"],
+                                         "used only by the draft-model drafter, not by 'ngram'"),
+    "missing weights": (["--model", "{missing}"], "model.safetensors does not match its config.json: missing "
+                        "model.layers.1.input_layernorm.weight, model.layers.1.mlp.down_proj.weight"),
+    "unexpected weights": (["--model", "{unexpected}"], "config.json: unexpected model.extra.weight"),
+    "misshapen weights": (["--model", "{misshapen}"], "config.json: wrong shape model.norm.weight"),
 }
 
 
+@pytest.fixture(scope="module")
+def broken_dirs(tmp_path_factory, tiny_dir):
+    """Copies of tiny_dir whose weights lack layer 1, have an extra tensor, or a tensor of the wrong shape."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(f"{tiny_dir}/model.safetensors")
+    variants = {"missing": {k: v for k, v in state.items() if "layers.1." not in k},
+                "unexpected": {**state, "model.extra.weight": torch.zeros(3)},
+                "misshapen": {**state, "model.norm.weight": torch.ones(7)}}
+    dirs = {"tiny": tiny_dir}
+    for name, tensors in variants.items():
+        path = tmp_path_factory.mktemp(name)
+        shutil.copytree(tiny_dir, path, dirs_exist_ok=True)
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        dirs[name] = str(path)
+    return dirs
+
+
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_gets_one_line(capsys, tiny_dir, case):
+def test_bad_input_gets_one_line(capsys, tiny_dir, broken_dirs, case):
     extra, needle = BAD_INPUTS[case]
+    extra = [arg.format(**broken_dirs) for arg in extra]
     prompt = "hello world"
     if extra[0] == "--prompt-override":
         prompt, extra = extra[1], extra[2:]
@@ -93,7 +128,7 @@ def test_bad_input_gets_one_line(capsys, tiny_dir, case):
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2
     assert len(lines) == 1 and lines[0].startswith("leapdecode: error:"), err
-    assert needle in lines[0].lower()
+    assert needle.lower() in lines[0].lower()
 
 
 def test_corrupt_gguf(capsys, tmp_path):

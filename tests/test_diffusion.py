@@ -204,3 +204,23 @@ def test_train_command_runs_and_saves_a_loadable_model(tmp_path):
                                log_every=1), log=lambda *_: None)
     assert record["steps_done"] == 2 and (tmp_path / "train_log.json").is_file()
     assert load_model(tmp_path).config.num_hidden_layers == 1
+
+
+# The README's claim for the shipped model: Learn2PD (threshold 0.9) + EoTP reaches 99.1 % in 1.57 forwards per
+# 16-token answer on `leapdecode dllm bench --per-task 100` (the held-out split, seed 1234, batches of 100).
+README_ACCURACY, README_NFE = 99.1, 1.57
+
+
+def test_learn2pd_eotp_reaches_the_readme_accuracy_and_nfe(lm, shipped_filter):
+    """Same held-out slice as the README's bench: accuracy within 1 point of the claim, NFE at most 10 % above it."""
+    examples = heldout_set(list(TASKS), 100, seed=1234)
+    correct = nfe = 0
+    for task in TASKS:
+        chunk = [e for e in examples if e.task == task]
+        prompts = encode_prompts(TOK, [e.prompt for e in chunk])
+        res = diffusion_decode(lm, prompts, GEN_LEN, Learn2PDDecoder(shipped_filter, 0.9), eotp=True)
+        correct += sum(check(e, TOK.decode(g.tolist())) for e, g in zip(chunk, res.canvas[:, prompts.shape[1]:]))
+        nfe += int(res.nfe.sum())
+    accuracy, mean_nfe = 100 * correct / len(examples), nfe / len(examples)
+    assert accuracy >= README_ACCURACY - 1, f"accuracy {accuracy:.1f} % (README: {README_ACCURACY} %)"
+    assert mean_nfe <= README_NFE * 1.1, f"{mean_nfe:.2f} forwards per answer (README: {README_NFE})"

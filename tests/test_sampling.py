@@ -122,7 +122,7 @@ def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
         k = len(draft_tokens)
         return draft_tokens.tolist() + [int(torch.multinomial(target_probs[k], 1, generator=generators[k]))]
 
-    import leapdecode.decode as decode_module
+    import leapdecode.sequence as decode_module
 
     decode_module.speculative_accept = accept_everything
     try:
@@ -150,3 +150,47 @@ def test_seeded_sampling_is_the_same_for_every_model_free_drafter_and_draft_leng
     for name, k, adaptive in (("prompt-lookup", 3, False), ("prompt-lookup", 8, True), ("ngram", 5, False)):
         assert sample(name, k, adaptive) == plain, (name, k, adaptive)
     assert sample("none", 1, False) == plain  # and the same seed gives the same tokens again
+
+
+def hf_probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The distribution HF `generate(do_sample=True)` draws from: its own warpers, in its order."""
+    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    scores = logits.float()
+    warpers = [TemperatureLogitsWarper(cfg.temperature)]
+    if cfg.top_k:
+        warpers.append(TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p < 1:
+        warpers.append(TopPLogitsWarper(cfg.top_p))
+    for warper in warpers:
+        scores = warper(None, scores)
+    return scores.softmax(-1)
+
+
+def tied_logits(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
+    """Logits drawn from a few levels, so that many tokens tie (also at the top-k and top-p boundaries)."""
+    levels = torch.tensor([0.0, -0.6931471805599453, -1.3862943611198906, -2.5, -4.0])  # log 1, log 1/2, log 1/4
+    return levels[torch.randint(0, len(levels), (rows, vocab), generator=gen)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.5), (0.8, 0, 0.9), (1.0, 3, 0.75), (0.6, 8, 0.3),
+    (1.0, 0, 0.25), (1.0, 1, 1.0), (2.0, 0, 0.999)])
+def test_probabilities_match_hf_logits_warpers(temperature, top_k, top_p):
+    gen = torch.Generator().manual_seed(0)
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    for logits in (torch.randn(64, 40, generator=gen) * 3, tied_logits(gen, 256, 12),
+                   torch.zeros(4, 8), torch.tensor([[0.0, 0.0, 0.0, 0.0, -9.0]])):
+        ours, theirs = probabilities(logits, cfg), hf_probabilities(logits, cfg)
+        assert torch.equal(ours > 0, theirs > 0), "a different set of tokens survives top-k/top-p"
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_top_p_boundary_tie_keeps_the_tokens_hf_keeps():
+    """Four equal tokens, top_p 0.5: the mass before the third reaches 0.5 exactly, so two survive; which two is
+    decided by HF's sort, and leapdecode must keep the same two (else the sampled distribution differs)."""
+    cfg = SamplingConfig(temperature=1.0, top_p=0.5)
+    logits = torch.zeros(1, 4)
+    assert torch.equal(probabilities(logits, cfg), hf_probabilities(logits, cfg))
+    assert int((probabilities(logits, cfg) > 0).sum()) == 2

@@ -45,10 +45,11 @@ def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if cfg.top_p < 1:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # drop a token when the mass before it already reaches top_p (the first token is always kept)
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= cfg.top_p
+        # HF's TopPLogitsWarper step for step (ascending sort, drop while the cumulative mass <= 1 - top_p, keep the
+        # most likely token): among tokens tied at the boundary, the same ones survive as in HF `generate`
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+        drop_sorted = sorted_logits.softmax(-1).cumsum(-1) <= (1 - cfg.top_p)
+        drop_sorted[..., -1:] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)

@@ -37,7 +37,8 @@ def percentile(values: list[float], q: float) -> float | None:
 def run_engine(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int, *, drafter="none",
                draft=None, max_batch_tokens=256, packed_weights=True, prefix_cache_tokens=0, on_done=None) -> dict:
     """Closed loop over an Engine: at most `concurrency` requests in flight."""
-    engine = Engine(target, drafter=drafter, draft_model=draft.model if draft is not None else None,
+    engine = Engine(target, drafter=drafter, draft_model=draft.model if draft is not None and drafter == "draft-model"
+                    else None,
                     max_batch_tokens=max_batch_tokens, max_sequences=concurrency, packed_weights=packed_weights,
                     prefix_cache_tokens=prefix_cache_tokens)
     n = len(prompts)

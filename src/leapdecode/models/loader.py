@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -102,15 +103,27 @@ def check_gguf(path: pathlib.Path) -> None:
         raise LeapDecodeError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
 
 
-def gguf_chat_template(path: pathlib.Path) -> str | None:
-    """The ``tokenizer.chat_template`` string from a GGUF file's metadata, if any."""
+def gguf_chat_template(path: pathlib.Path, problems: list[str] | None = None) -> str | None:
+    """The ``tokenizer.chat_template`` string from a GGUF file's metadata; None if it has none. A template that is
+    there but cannot be read is reported, not swallowed (prompts then go in raw): appended to ``problems`` when
+    given, else one warning line on stderr."""
     try:
         import gguf
 
         field = gguf.GGUFReader(str(path)).fields.get("tokenizer.chat_template")
         return None if field is None else bytes(field.parts[field.data[0]]).decode("utf-8")
-    except Exception:  # metadata is best effort: transformers already read the file
+    except Exception as e:
+        message = f"cannot read the chat template of {path.name} ({_first_line(e)}); prompts go in raw, without it"
+        if problems is None:
+            warn(message)
+        else:
+            problems.append(message)
         return None
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (transformers' own warnings are silenced while loading)."""
+    print(f"leapdecode: warning: {message}", file=sys.stderr, flush=True)
 
 
 def fix_special_tokens(model, tokenizer, chat_template: Callable[[], str | None] | None = None) -> None:
@@ -142,15 +155,18 @@ def fix_special_tokens(model, tokenizer, chat_template: Callable[[], str | None]
         gen.bos_token_id = tokenizer.bos_token_id
 
 
-def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path) -> None:
-    """Dequantize a GGUF file to fp32 and save model (safetensors) + tokenizer into ``out_dir``."""
+def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path) -> dict:
+    """Dequantize a GGUF file to fp32 and save model (safetensors) + tokenizer into ``out_dir``; return manifest
+    fields (an unreadable chat template is recorded, so that every load from the cache warns about it)."""
     model, tokenizer = _from_pretrained(str(gguf_path.parent), torch.float32, gguf_file=gguf_path.name)
-    fix_special_tokens(model, tokenizer, lambda: gguf_chat_template(gguf_path))
+    problems: list[str] = []
+    fix_special_tokens(model, tokenizer, lambda: gguf_chat_template(gguf_path, problems))
     _strip_gguf_quantizer(model)
     with _quiet():
         model.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
     del model
+    return {"chat_template_error": problems[0]} if problems else {}
 
 
 def _strip_gguf_quantizer(model) -> None:
@@ -180,12 +196,12 @@ def pull_model(name: str, progress: bool = True) -> pathlib.Path:
         gguf_path = fetch_gguf(spec, work, phases)
         with phases.phase("convert", "GGUF → fp32 safetensors"):
             try:
-                convert_gguf(gguf_path, work / "model")
+                converted = convert_gguf(gguf_path, work / "model")
             except (Exception, MemoryError) as e:
                 raise LeapDecodeError(f"cannot convert model '{name}' from GGUF: {_first_line(e)}") from None
             gguf_path.unlink()
         return {"name": name, "packages": [f"{d}=={v}" for d, v, _ in spec.parts], "gguf": spec.gguf_name,
-                "bytes": spec.bytes, "sha256": spec.sha256}
+                "bytes": spec.bytes, "sha256": spec.sha256, **converted}
 
     try:
         return build_cached(target, build)
@@ -197,13 +213,41 @@ def pull_model(name: str, progress: bool = True) -> pathlib.Path:
 
 
 def _from_pretrained(source: str, dtype: torch.dtype, **kw):
-    """(model, tokenizer) via the Auto classes, quietly; the caller wraps errors."""
+    """(model, tokenizer) via the Auto classes, quietly; the caller wraps errors. A checkpoint whose tensors do not
+    match the config (missing, unexpected or misshapen) raises LeapDecodeError: transformers would only log it (and
+    `_quiet` hides that log) and run the model with random weights in their place."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _quiet():
         tokenizer = AutoTokenizer.from_pretrained(source, **kw)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
+        if "gguf_file" in kw:  # GGUF tensors are renamed by transformers' converter; checked once saved
+            return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw), tokenizer
+        model, info = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True, **kw)
+    check_loading_info(info, _weights_name(source))
     return model, tokenizer
+
+
+def _weights_name(source: str) -> str:
+    """The weights file(s) of a model directory or hub id, for error messages."""
+    directory = pathlib.Path(source)
+    files = sorted(p.name for p in directory.glob("*.safetensors")) or sorted(p.name for p in directory.glob("*.bin"))
+    if not files:
+        return source
+    return str(directory / files[0]) + (f" (+{len(files) - 1} more files)" if len(files) > 1 else "")
+
+
+def check_loading_info(info: dict, weights: str, shown: int = 3) -> None:
+    """Raise LeapDecodeError naming `weights` and the first tensors it lacks, has in excess, or has misshapen."""
+    problems = []
+    for label, key in (("missing", "missing_keys"), ("unexpected", "unexpected_keys"), ("wrong shape", "mismatched_keys")):
+        names = sorted(k if isinstance(k, str) else str(k[0]) for k in info.get(key) or ())
+        if names:
+            more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+            problems.append(f"{label} {', '.join(names[:shown])}{more}")
+    if problems:
+        raise LeapDecodeError(f"{weights} does not match its config.json: {'; '.join(problems)} "
+                              "(refusing to run with random weights in their place)")
 
 
 def _finish(model, tokenizer, name: str, path: pathlib.Path | str, dtype: torch.dtype) -> LoadedModel:
@@ -214,8 +258,13 @@ def _finish(model, tokenizer, name: str, path: pathlib.Path | str, dtype: torch.
 
 
 def _load_dir(directory: pathlib.Path, name: str, dtype: torch.dtype) -> LoadedModel:
+    problem = (read_manifest(directory) or {}).get("chat_template_error")
+    if problem:
+        warn(problem)
     try:
         model, tokenizer = _from_pretrained(str(directory), dtype, local_files_only=True)
+    except LeapDecodeError:
+        raise
     except Exception as e:
         raise LeapDecodeError(f"cannot load model from {directory}: {_first_line(e)}") from None
     fix_special_tokens(model, tokenizer)
@@ -232,10 +281,11 @@ def _load_gguf(path: pathlib.Path, spec: str, dtype: torch.dtype) -> LoadedModel
         def build(work: pathlib.Path) -> dict:
             with Phases(True).phase("convert", f"{path.name} → fp32 safetensors in {target} (once)"):
                 try:
-                    convert_gguf(path.resolve(), work / "model")
+                    converted = convert_gguf(path.resolve(), work / "model")
                 except Exception as e:
                     raise LeapDecodeError(f"cannot load GGUF file {path}: {_first_line(e)}") from None
-            return {"name": spec, "gguf": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+            return {"name": spec, "gguf": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                    **converted}
 
         try:
             return _load_dir(build_cached(target, build), spec, dtype)
@@ -251,21 +301,45 @@ def _load_gguf(path: pathlib.Path, spec: str, dtype: torch.dtype) -> LoadedModel
 
 
 def _load_hub(spec: str, dtype: torch.dtype) -> LoadedModel | None:
-    """Load a hub id from the local HF cache only (never the network); None if it is not cached."""
+    """Load a hub id from the local HF cache only (never the network); None if it is not cached. What fails is
+    said: an unreadable cache (permission), or an id cached without all its files (leapdecode works offline)."""
     from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
 
     try:
         config = try_to_load_from_cache(spec, "config.json")
-    except Exception:  # malformed repo id
+    except HFValidationError:  # not a valid hub id: the caller reports an unknown model
         return None
+    except OSError as e:
+        raise LeapDecodeError(f"cannot read the local Hugging Face cache for '{spec}': {_os_error(e)}") from None
     if not isinstance(config, str):
         return None
+    snapshot = pathlib.Path(config).parent
+    lacking = [what for what, patterns in (("no weights", ("*.safetensors", "*.bin")),
+                                           ("no tokenizer", ("tokenizer.json", "tokenizer.model", "vocab.json")))
+               if not any(any(snapshot.glob(pattern)) for pattern in patterns)]
+    if lacking:
+        raise LeapDecodeError(f"'{spec}' is only partly in the local Hugging Face cache ({', '.join(lacking)} in "
+                              f"{snapshot}) and leapdecode never downloads (offline): fetch it first with "
+                              f"`hf download {spec}`")
     try:
         model, tokenizer = _from_pretrained(spec, dtype, local_files_only=True)
+    except LeapDecodeError:
+        raise
+    except PermissionError as e:
+        raise LeapDecodeError(f"cannot load '{spec}' from the local Hugging Face cache: {_os_error(e)}") from None
+    except OSError as e:
+        raise LeapDecodeError(f"'{spec}' is only partly in the local Hugging Face cache and leapdecode never downloads"
+                              f" (offline): {_first_line(e)}; fetch it first with `hf download {spec}`") from None
     except Exception as e:
         raise LeapDecodeError(f"cannot load '{spec}' from the local Hugging Face cache: {_first_line(e)}") from None
     fix_special_tokens(model, tokenizer)
     return _finish(model, tokenizer, spec, pathlib.Path(config).parent, dtype)
+
+
+def _os_error(e: OSError) -> str:
+    what = "permission denied" if isinstance(e, PermissionError) else (e.strerror or _first_line(e))
+    return f"{what} ({e.filename})" if e.filename else what
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -301,5 +375,6 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32") -> LoadedModel:
     loaded = _load_hub(spec, torch_dtype)
     if loaded is None:
         raise LeapDecodeError(f"unknown model '{spec}': not a packaged name ({', '.join(PACKAGED)}), "
-                              "a local directory, a .gguf file, or a hub id in the local HF cache")
+                              "a local directory, a .gguf file, or a hub id in the local HF cache (not found there;"
+                              " leapdecode never downloads hub models)")
     return loaded
