@@ -133,13 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .diffusion import cli as dllm_cli
     from .heads import cli as heads_cli
     from .kv import cli as kv_cli
+    from .serve import cli as serve_cli
 
     parser = argparse.ArgumentParser(prog="leapdecode", description=__doc__)
     parser.add_argument("--version", action="version", version=f"leapdecode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
     add_models(sub)
-    for module in (bench_cli, batch_cli, kv_cli, dllm_cli, heads_cli):
+    for module in (bench_cli, batch_cli, kv_cli, dllm_cli, heads_cli, serve_cli):
         module.register(sub)
     return parser
 

@@ -1,0 +1,300 @@
+"""`leapdecode bench-serve`: load on any OpenAI-compatible server, measured as `vllm bench serve` and GuideLLM do.
+
+For each concurrency level, `--num-prompts` streamed chat (or completion) requests from a suite's first turns are
+sent with at most that many in flight (optionally released at `--rate` requests/s, evenly or as a Poisson process).
+Per request: time to first token (first chunk with text), the gaps between chunks with text (inter-token latency;
+a chunk can carry several tokens when a server speculates), end-to-end latency, and output tokens (the server's
+`usage` where it streams one, else one per text chunk). Per level: output tokens/s and requests/s over the level's
+wall time, and p50/p99 of each latency. Results go to `results.json`, `report.md` and PNG plots in `--out`.
+
+`--compare-transformers DIR` starts `leapdecode serve` with speculation on and off and `transformers serve
+--continuous-batching` on the same model directory, one after another on 127.0.0.1, and measures each.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..errors import LeapDecodeError, require
+
+
+def add_bench_serve(sub) -> None:
+    p = sub.add_parser("bench-serve", help="measure an OpenAI-compatible server under concurrent load")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (without /v1)")
+    p.add_argument("--model", help="model name to send (default: the first of the server's /v1/models)")
+    p.add_argument("--concurrency", default="1,4,16,32", help="comma-separated levels of requests in flight")
+    p.add_argument("--num-prompts", type=int, default=32, help="requests per concurrency level")
+    p.add_argument("--rate", type=float, help="release requests at R per second (default: all at once)")
+    p.add_argument("--poisson", action="store_true", help="with --rate: exponential gaps (a Poisson process)")
+    p.add_argument("--suite", default="dev", help="built-in suite name or a Spec-Bench JSONL path")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--endpoint", default="chat", choices=("chat", "completions"))
+    p.add_argument("--api-key", default="none")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt order and Poisson gaps")
+    p.add_argument("--out", help="output directory (default bench-serve/<timestamp>)")
+    p.add_argument("--label", help="name of this server in the report (default: the URL)")
+    p.add_argument("--compare-transformers", metavar="MODEL_DIR",
+                   help="start leapdecode serve (--drafter auto, then none) and transformers serve "
+                        "--continuous-batching on this HF model directory in turn, and measure each")
+    p.add_argument("--port", type=int, default=8765, help="with --compare-transformers: port of the servers")
+    p.add_argument("--drafter", default="auto", help="with --compare-transformers: leapdecode's drafter when "
+                   "speculating (add --head NAME for a shipped draft head on a model directory)")
+    p.add_argument("--head", help="with --compare-transformers and --drafter head: the draft head")
+    p.add_argument("--threads", type=int, help="with --compare-transformers: torch threads of each server")
+    p.set_defaults(func=run_bench_serve)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise LeapDecodeError(f"--concurrency must be comma-separated integers, got {text!r}") from None
+    require(levels and all(c >= 1 for c in levels), f"--concurrency levels must be >= 1, got {text!r}")
+    return levels
+
+
+def load_prompts(suite: str) -> list[str]:
+    from ..bench.suites import load_suite
+
+    return [q.turns[0] for q in load_suite(suite)]
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """The q-th percentile with linear interpolation between ranks (numpy's default, as `vllm bench serve`)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = q / 100 * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+async def _one(client, model: str, prompt: str, args) -> dict:
+    record = {"ok": False, "ttft": None, "itl": [], "e2e": None, "output_tokens": 0, "error": None}
+    start = time.perf_counter()
+    last, chunks, usage_tokens = None, 0, None
+    try:
+        common = dict(model=model, max_tokens=args.max_tokens, temperature=0.0, stream=True,
+                      stream_options={"include_usage": True})
+        if args.endpoint == "chat":
+            stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
+        else:
+            stream = await client.completions.create(prompt=prompt, **common)
+        async for chunk in stream:
+            if getattr(chunk, "usage", None) and chunk.usage.completion_tokens is not None:
+                usage_tokens = chunk.usage.completion_tokens
+            if not chunk.choices:
+                continue
+            c = chunk.choices[0]
+            text = (c.delta.content if args.endpoint == "chat" else c.text) or ""
+            if text:
+                now = time.perf_counter()
+                if last is None:
+                    record["ttft"] = now - start
+                else:
+                    record["itl"].append(now - last)
+                last, chunks = now, chunks + 1
+        record["e2e"] = time.perf_counter() - start
+        record["output_tokens"] = usage_tokens if usage_tokens is not None else chunks
+        record["ok"] = True
+    except Exception as e:  # a failed request is counted, not fatal
+        record["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return record
+
+
+async def _level(client, model: str, prompts: list[str], concurrency: int, args, rng: random.Random) -> dict:
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def limited(prompt: str, delay: float):
+        await asyncio.sleep(delay)
+        async with semaphore:
+            return await _one(client, model, prompt, args)
+
+    delays, t = [], 0.0
+    for _ in range(args.num_prompts):
+        delays.append(t)
+        if args.rate:
+            t += rng.expovariate(args.rate) if args.poisson else 1.0 / args.rate
+    chosen = [prompts[i % len(prompts)] for i in range(args.num_prompts)]
+    start = time.perf_counter()
+    records = await asyncio.gather(*(limited(p, d) for p, d in zip(chosen, delays)))
+    duration = time.perf_counter() - start
+    ok = [r for r in records if r["ok"]]
+    tokens = sum(r["output_tokens"] for r in ok)
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    itl = [x for r in ok for x in r["itl"]]
+    e2e = [r["e2e"] for r in ok]
+    row = {"concurrency": concurrency, "requests": len(records), "completed": len(ok),
+           "failed": len(records) - len(ok), "duration_s": round(duration, 3), "output_tokens": tokens,
+           "output_tokens_per_s": round(tokens / duration, 3), "requests_per_s": round(len(ok) / duration, 4)}
+    for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
+        for q in (50, 99):
+            v = _pct(values, q)
+            row[f"{name}_p{q}_ms"] = None if v is None else round(1000 * v, 2)
+        row[f"{name}_mean_ms"] = round(1000 * statistics.fmean(values), 2) if values else None
+    errors = sorted({r["error"] for r in records if r["error"]})
+    row["errors"] = errors[:5]
+    return row
+
+
+async def bench_url(url: str, model: str | None, args, log=print) -> dict:
+    """Every concurrency level against one server; returns {label, url, model, rows}."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=args.api_key, max_retries=0,
+                                timeout=600.0)
+    try:
+        if model is None:
+            model = (await client.models.list()).data[0].id
+        prompts = load_prompts(args.suite)
+        random.Random(args.seed).shuffle(prompts)
+        await _one(client, model, prompts[0], args)  # warm-up, not measured
+        rows = []
+        for c in _levels(args.concurrency):
+            row = await _level(client, model, prompts, c, args, random.Random(args.seed))
+            log(f"  concurrency {c:>3}: {row['output_tokens_per_s']:8.1f} tok/s  {row['requests_per_s']:6.2f} req/s  "
+                f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  E2E p50 {row['e2e_p50_ms']} ms"
+                f"  failed {row['failed']}")
+            rows.append(row)
+    finally:
+        await client.close()
+    return {"label": args.label or url, "url": url, "model": model, "rows": rows}
+
+
+COLUMNS = (("concurrency", "concurrency"), ("output_tokens_per_s", "output tok/s"), ("requests_per_s", "req/s"),
+           ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"), ("itl_p50_ms", "ITL p50 ms"),
+           ("itl_p99_ms", "ITL p99 ms"), ("e2e_p50_ms", "E2E p50 ms"), ("e2e_p99_ms", "E2E p99 ms"),
+           ("completed", "completed"), ("failed", "failed"))
+
+
+def markdown(results: list[dict], settings: dict) -> str:
+    lines = ["# bench-serve", "", "| setting | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in settings.items()]
+    lines += ["", "| server | " + " | ".join(t for _, t in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
+    for res in results:
+        for row in res["rows"]:
+            cells = ["–" if row.get(k) is None else str(row[k]) for k, _ in COLUMNS]
+            lines.append(f"| {res['label']} | " + " | ".join(cells) + " |")
+    lines += ["", "Output tok/s and req/s: over each level's wall time. TTFT: request sent to first chunk with "
+              "text. ITL: gaps between chunks with text (a speculating server may send several tokens per chunk). "
+              "E2E: request sent to last chunk. Greedy (temperature 0), streamed.", ""]
+    return "\n".join(lines)
+
+
+def plot(out: pathlib.Path, results: list[dict]) -> list[str]:
+    from ..bench.plots import _pyplot
+
+    plt = _pyplot()
+    names = []
+    for key, title, fname in (("output_tokens_per_s", "output tokens/s", "throughput.png"),
+                              ("ttft_p50_ms", "TTFT p50 (ms)", "ttft.png"), ("itl_p50_ms", "ITL p50 (ms)", "itl.png")):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for res in results:
+            xs = [r["concurrency"] for r in res["rows"] if r.get(key) is not None]
+            ax.plot(xs, [r[key] for r in res["rows"] if r.get(key) is not None], marker="o", label=res["label"])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(title)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+        names.append(fname)
+    return names
+
+
+def save(out: pathlib.Path, results: list[dict], settings: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+    plots = plot(out, results)
+    (out / "report.md").write_text(markdown(results, settings) + "\n" + "\n".join(f"![{p}]({p})" for p in plots) + "\n")
+
+
+def _settings(args) -> dict:
+    return {"concurrency": args.concurrency, "num_prompts": args.num_prompts, "rate": args.rate or "all at once",
+            "arrivals": "poisson" if args.poisson else "uniform", "suite": args.suite, "max_tokens": args.max_tokens,
+            "endpoint": args.endpoint, "timestamp": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def run_bench_serve(args) -> int:
+    require(args.num_prompts >= 1, f"--num-prompts must be >= 1, got {args.num_prompts}")
+    require(args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}")
+    require(args.rate is None or args.rate > 0, f"--rate must be positive, got {args.rate}")
+    require(not args.poisson or args.rate, "--poisson goes with --rate")
+    _levels(args.concurrency)
+    load_prompts(args.suite)  # a bad suite fails before any traffic
+    out = pathlib.Path(args.out or f"bench-serve/{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.compare_transformers:
+        results = compare(args)
+    else:
+        print(f"bench-serve {args.url}")
+        results = [asyncio.run(bench_url(args.url, args.model, args))]
+    settings = _settings(args)
+    save(out, results, settings)
+    print(markdown(results, settings))
+    print(f"saved {out}/results.json, report.md, throughput.png, ttft.png, itl.png")
+    return 0
+
+
+def server_commands(model_dir: str, port: int, threads: int | None, drafter: str = "auto",
+                    head: str | None = None) -> list[tuple[str, list[str], str]]:
+    """(label, command, model name) of each server compared on one model directory."""
+    leap = [sys.executable, "-m", "leapdecode.cli", "serve", "--model", model_dir, "--port", str(port),
+            "--served-model-name", "model", "--log-level", "warning"] + (["--threads", str(threads)] if threads else [])
+    tf = [sys.executable, "-m", "transformers.cli.transformers", "serve", "--continuous-batching", "--host",
+          "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", model_dir]
+    spec = ["--drafter", drafter] + (["--head", head] if head else [])
+    return [(f"leapdecode serve (speculation on: {drafter})", leap + spec, "model"),
+            ("leapdecode serve (speculation off)", leap + ["--drafter", "none"], "model"),
+            ("transformers serve --continuous-batching", tf, model_dir)]
+
+
+def compare(args) -> list[dict]:
+    import os
+
+    import httpx
+
+    model_dir = str(pathlib.Path(args.compare_transformers).expanduser().resolve())
+    require(pathlib.Path(model_dir, "config.json").is_file(), f"{model_dir} is not an HF model directory")
+    url = f"http://127.0.0.1:{args.port}"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated benchmark still stops its server
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}))
+    results = []
+    for label, command, model in server_commands(model_dir, args.port, args.threads, args.drafter,
+                                                    args.head):
+        print(f"starting {label}: {' '.join(command)}", flush=True)
+        log = tempfile.TemporaryFile("w+")  # a pipe nobody reads would fill and stall the server
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 600
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise LeapDecodeError(f"{label} exited: {' '.join(log.read().split())[-400:]}")
+                require(time.monotonic() < deadline, f"{label} did not come up on {url} in 600 s")
+                try:
+                    if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+            args.label = label
+            results.append(asyncio.run(bench_url(url, model, args)))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+    return results

@@ -1,0 +1,155 @@
+"""What one HTTP completion call becomes: its engine requests' outputs collected into one OpenAI response, or
+streamed as OpenAI chunks (server-sent events, `data: [DONE]` last), with usage, finish reasons, per-request
+speculative stats (the `leapdecode` object) and the latency metrics observed on the way."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi.responses import StreamingResponse
+
+from .engine_thread import StepFailure
+from .protocol import APIError, usage
+
+
+class SSE(StreamingResponse):
+    """Server-sent events that run `on_close` however the response ends (finished, failed, or client gone)."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+class Run:
+    """The engine requests of one HTTP call, collected into one response or streamed as chunks."""
+
+    def __init__(self, state, body, chat, jobs, submitted, arrival):
+        self.state, self.body, self.chat, self.jobs, self.arrival = state, body, chat, jobs, arrival
+        self.queue, self.index = submitted
+        self.unfinished = set(self.index)
+        self.aborted: set[int] = set()
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.last = [None] * len(jobs)          # time of each choice's previous output with text/tokens
+        self.tokens = [0] * len(jobs)
+        self.stats = [None] * len(jobs)
+        self.failure: str | None = None
+
+    def cancel_unfinished(self) -> None:
+        """Cancel what has not finished (the client went away, or the response ended early); counted as aborts."""
+        for rid in list(self.unfinished - self.aborted):
+            self.aborted.add(rid)
+            self.state.thread.cancel(rid)
+            self.state.metrics.finished("abort")
+
+    async def _outputs(self):
+        """(choice index, RequestOutput) until every request finished; timings observed on the way."""
+        metrics = self.state.metrics
+        while self.unfinished:
+            out = await self.queue.get()
+            if isinstance(out, StepFailure):
+                self.failure = out.message
+                self.unfinished.discard(out.request_id)
+                continue
+            i = self.index[out.request_id]
+            now = time.perf_counter()
+            if out.new_token_ids:
+                (metrics.ttft if self.last[i] is None else metrics.itl).observe(now - (self.last[i] or self.arrival))
+                self.last[i] = now
+                self.tokens[i] += len(out.new_token_ids)
+            if out.finished:
+                self.unfinished.discard(out.request_id)
+                self.stats[i] = out.stats
+                if out.request_id not in self.aborted:
+                    metrics.e2e.observe(now - self.arrival)
+                    metrics.finished("abort" if out.finish_reason == "cancelled" else out.finish_reason)
+            yield i, out
+
+    def _usage(self) -> dict:
+        seen, prompt = set(), 0
+        for job in self.jobs:
+            if id(job["prompt_ids"]) not in seen:
+                seen.add(id(job["prompt_ids"]))
+                prompt += len(job["prompt_ids"])
+        return usage(prompt, sum(self.tokens))
+
+    def _spec(self, indices) -> dict:
+        stats = [self.stats[i] for i in indices if self.stats[i] is not None]
+        new = sum(s.new_tokens for s in stats)
+        forwards = sum(s.forward_passes for s in stats)
+        drafted = sum(s.drafted_tokens for s in stats)
+        accepted = sum(s.accepted_draft_tokens for s in stats)
+        return {"drafter": self.state.drafter, "new_tokens": new, "forward_passes": forwards,
+                "mean_accepted_tokens": round(new / forwards, 4) if forwards else 0.0,
+                "drafted_tokens": drafted, "accepted_draft_tokens": accepted,
+                "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0}
+
+    def _head(self, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.state.model_name,
+                "system_fingerprint": None}
+
+    async def collect(self) -> dict:
+        texts = [[job["echo"]] for job in self.jobs]
+        reasons: list = [None] * len(self.jobs)
+        async for i, out in self._outputs():
+            texts[i].append(out.text)
+            if out.finished:
+                reasons[i] = "abort" if out.finish_reason == "cancelled" else out.finish_reason
+        if self.failure:
+            raise APIError(500, self.failure, type="server_error", code="engine_error")
+        choices = []
+        for i, parts in enumerate(texts):
+            text = "".join(parts)
+            if self.chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
+                                "logprobs": None, "finish_reason": reasons[i]})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reasons[i]})
+        return {**self._head(False), "choices": choices, "usage": self._usage(),
+                "leapdecode": self._spec(range(len(self.jobs)))}
+
+    def _chunk(self, i: int, text: str | None, reason: str | None, role: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+        chunk = {**self._head(True), "choices": [choice]}
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.body.stream_options and self.body.stream_options.include_usage)
+
+    async def events(self):
+        def sse(obj) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        for i, job in enumerate(self.jobs):
+            if self.chat:
+                yield sse(self._chunk(i, None, None, role=True))
+            elif job["echo"]:
+                yield sse(self._chunk(i, job["echo"], None))
+        async for i, out in self._outputs():
+            if out.finished:
+                reason = "abort" if out.finish_reason == "cancelled" else out.finish_reason
+                chunk = self._chunk(i, out.text or (None if self.chat else ""), reason)
+                chunk["leapdecode"] = {"index": i, **self._spec([i])}
+                yield sse(chunk)
+            elif out.text:
+                yield sse(self._chunk(i, out.text, None))
+        if self.failure:
+            yield sse(APIError(500, self.failure, type="server_error", code="engine_error").body())
+        elif self.include_usage:
+            yield sse({**self._head(True), "choices": [], "usage": self._usage()})
+        yield "data: [DONE]\n\n"

@@ -1,0 +1,91 @@
+"""`leapdecode bench-serve` against a live tiny server: every request counted, tokens from the server's usage,
+percentiles in order, results.json / report.md / PNGs written; bad options fail in one line before any traffic."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leapdecode.api import resolve_model
+from leapdecode.cli import main
+from leapdecode.engine import Engine
+from leapdecode.serve.app import create_app
+from leapdecode.serve.bench_serve import _pct, server_commands
+from leapdecode.serve.server import BackgroundServer
+from tiny_hf import make_tiny_hf_dir
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    target = resolve_model(str(make_tiny_hf_dir(tmp_path_factory.mktemp("bench-serve") / "tiny", context=512)))
+    app = create_app(Engine(target, drafter="prompt-lookup"), served_model_name="tiny")
+    with BackgroundServer(app) as base:
+        yield base
+    app.state.server.close()
+
+
+def test_bench_serve_measures_every_level(url, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["bench-serve", "--url", url, "--concurrency", "1,3", "--num-prompts", "5", "--max-tokens", "8",
+                 "--suite", "quick", "--out", str(out), "--label", "tiny"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    (result,) = data["results"]
+    assert result["model"] == "tiny" and result["label"] == "tiny"
+    assert [r["concurrency"] for r in result["rows"]] == [1, 3]
+    for row in result["rows"]:
+        assert row["completed"] == 5 and row["failed"] == 0 and row["errors"] == []
+        assert 5 <= row["output_tokens"] <= 5 * 8  # usage from the server, at most max_tokens each
+        assert row["ttft_p50_ms"] <= row["ttft_p99_ms"] and row["e2e_p50_ms"] <= row["e2e_p99_ms"]
+        assert row["ttft_p50_ms"] <= row["e2e_p99_ms"]
+        assert row["output_tokens_per_s"] > 0 and row["requests_per_s"] > 0
+    report = (out / "report.md").read_text()
+    assert "| tiny | 1 |" in report and "TTFT p50 ms" in report
+    for png in ("throughput.png", "ttft.png", "itl.png"):
+        assert (out / png).stat().st_size > 1000
+    assert "output tok/s" in capsys.readouterr().out
+
+
+def test_completions_endpoint_and_poisson_rate(url, tmp_path):
+    out = tmp_path / "out"
+    assert main(["bench-serve", "--url", url, "--concurrency", "2", "--num-prompts", "4", "--max-tokens", "4",
+                 "--suite", "quick", "--endpoint", "completions", "--rate", "50", "--poisson", "--out", str(out)]) == 0
+    row = json.loads((out / "results.json").read_text())["results"][0]["rows"][0]
+    assert row["completed"] == 4 and row["failed"] == 0
+
+
+def test_failed_requests_are_counted_not_fatal(url, tmp_path):
+    out = tmp_path / "out"
+    assert main(["bench-serve", "--url", url, "--model", "not-served", "--concurrency", "2", "--num-prompts", "3",
+                 "--suite", "quick", "--out", str(out)]) == 0
+    row = json.loads((out / "results.json").read_text())["results"][0]["rows"][0]
+    assert row["completed"] == 0 and row["failed"] == 3 and "NotFoundError" in row["errors"][0]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--concurrency", "0"], "--concurrency"), (["--concurrency", "a,b"], "--concurrency"),
+    (["--poisson"], "--poisson goes with --rate"), (["--suite", "/no/such/file"], "suite"),
+    (["--num-prompts", "0"], "--num-prompts"),
+])
+def test_bad_options_fail_in_one_line(argv, message, capsys, tmp_path):
+    assert main(["bench-serve", "--url", "http://127.0.0.1:9", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_percentile_interpolates_like_numpy():
+    assert _pct([], 50) is None
+    assert _pct([3.0, 1.0, 2.0], 50) == 2.0
+    assert _pct(list(map(float, range(1, 101))), 99) == pytest.approx(99.01)
+    assert _pct([1.0, 2.0], 50) == pytest.approx(1.5)
+    assert _pct([5.0], 99) == 5.0
+
+
+def test_compare_runs_three_servers_on_one_directory():
+    labels = [label for label, _, _ in server_commands("/m", 8765, 2)]
+    assert labels == ["leapdecode serve (speculation on: auto)", "leapdecode serve (speculation off)",
+                      "transformers serve --continuous-batching"]
+    commands = [c for _, c, _ in server_commands("/m", 8765, 2, "head", "smollm2-135m")]
+    assert commands[0][-4:] == ["--drafter", "head", "--head", "smollm2-135m"]
+    assert commands[1][-2:] == ["--drafter", "none"]
+    assert all("/m" in c and "8765" in c for c in commands)
+    assert "--continuous-batching" in commands[2] and "127.0.0.1" in commands[2]
