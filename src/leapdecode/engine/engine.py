@@ -97,6 +97,7 @@ class Engine:
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._ids = itertools.count()
         self._lock = threading.Lock()       # guards _incoming and _cancels (touched by other threads)
+        self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
         self._step_lock = threading.Lock()  # held by a step; cancel() frees at once when no step runs
         self._incoming: deque[_Request] = deque()
         self._cancels: set[int] = set()
@@ -136,12 +137,14 @@ class Engine:
         require(seed is None or type(seed) is int, f"seed must be an integer, got {seed!r}")
         sampling = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=float(top_p), seed=seed)
         stops = _stop_strings(stop)
-        prompt_ids = encode_prompt(self.tokenizer, prompt, raw)
+        with self._tokenizer_lock:
+            prompt_ids = encode_prompt(self.tokenizer, prompt, raw)
         require(len(prompt_ids) < self.context_length,
                 f"the prompt has {len(prompt_ids)} tokens but {self.name} has a context of {self.context_length}")
         params = dict(sampling=sampling, max_new_tokens=max_new_tokens)
         with self._lock:
-            request = _Request(next(self._ids), prompt_ids, params, TextStream(self.tokenizer, stops), on_output)
+            text = TextStream(self.tokenizer, stops, self._tokenizer_lock)
+            request = _Request(next(self._ids), prompt_ids, params, text, on_output)
             self._requests[request.id] = request
             self._incoming.append(request)
         return request.id
@@ -193,9 +196,10 @@ class Engine:
                 for r in requests]
 
     def metrics(self) -> dict:
-        running = [r for r in list(self._running) if r.kv is not None]
-        return {"running": len(running), "waiting": len(self._waiting) + len(self._incoming),
-                "kv_tokens": sum(r.kv.length for r in running), "kv_bytes": sum(r.kv.nbytes for r in running),
+        """Counters and sizes; safe to call from another thread while a step runs (a snapshot of the lists)."""
+        slots = [kv for kv in (r.kv for r in list(self._running)) if kv is not None]
+        return {"running": len(slots), "waiting": len(self._waiting) + len(self._incoming),
+                "kv_tokens": sum(kv.length for kv in slots), "kv_bytes": sum(kv.nbytes for kv in slots),
                 "prefix_cache_tokens": self.prefix_cache.tokens, "prefix_cache_bytes": self.prefix_cache.nbytes,
                 **self.counters}
 

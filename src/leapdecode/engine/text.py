@@ -7,12 +7,15 @@ contains it, which is what plain decoding followed by cutting at the stop string
 """
 from __future__ import annotations
 
+import contextlib
+
 REPLACEMENT = "\ufffd"
 
 
 class TextStream:
-    def __init__(self, tokenizer, stop: list[str]):
+    def __init__(self, tokenizer, stop: list[str], lock=None):
         self.tokenizer, self.stop = tokenizer, stop
+        self.lock = lock or contextlib.nullcontext()  # held around every use of the (shared) tokenizer
         self.ids: list[int] = []
         self.text = ""        # the request's text so far, cut before a stop string once one is found
         self.emitted = 0      # characters of `text` already released
@@ -22,16 +25,20 @@ class TextStream:
         """Add a step's tokens; return how many of them count (fewer when one completes a stop string)."""
         if not self.stop:  # nothing to find token by token: one decode per step
             self.ids += token_ids
-            self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            self.text = self._decode()
             return len(token_ids)
         for used, token in enumerate(token_ids, 1):
             self.ids.append(token)
-            self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            self.text = self._decode()
             cut = self._stop_at()
             if cut is not None:
                 self.text, self.stopped = self.text[:cut], True
                 return used
         return len(token_ids)
+
+    def _decode(self) -> str:
+        with self.lock:
+            return self.tokenizer.decode(self.ids, skip_special_tokens=True)
 
     def _stop_at(self) -> int | None:
         """Index of the first stop string in the text, looking only where a new one can have appeared."""
