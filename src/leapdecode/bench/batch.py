@@ -35,12 +35,21 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def run_engine(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int, *, drafter="none",
-               draft=None, max_batch_tokens=256, packed_weights=True, prefix_cache_tokens=0, on_done=None) -> dict:
-    """Closed loop over an Engine: at most `concurrency` requests in flight."""
+               draft=None, max_batch_tokens=256, packed_weights=True, prefix_cache_tokens=0, on_done=None,
+               warmup: list[list[int]] = ()) -> dict:
+    """Closed loop over an Engine: at most `concurrency` requests in flight. The engine first serves `warmup`
+    (other prompts) untimed: a server's steady state, with step costs and acceptance already learned. The n-gram
+    drafter's process-wide store starts empty for every run."""
+    from ..drafters.ngram import NGramDrafter
+
+    NGramDrafter._shared.clear()
     engine = Engine(target, drafter=drafter, draft_model=draft.model if draft is not None and drafter == "draft-model"
                     else None,
                     max_batch_tokens=max_batch_tokens, max_sequences=concurrency, packed_weights=packed_weights,
                     prefix_cache_tokens=prefix_cache_tokens)
+    if warmup:
+        engine.generate_many(list(warmup)[:concurrency], max_new_tokens=max_new_tokens)
+        engine.counters.update(dict.fromkeys(engine.counters, 0))
     n = len(prompts)
     sent, first, end = [0.0] * n, [None] * n, [0.0] * n
     tokens: list[list[int]] = [[] for _ in range(n)]

@@ -34,13 +34,16 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     questions = load_suite(args.suite, _names(args.categories) or None, args.per_category)
     count = args.requests or max(concurrency)
     prompts = [encode_prompt(target.tokenizer, questions[i % len(questions)].turns[0]) for i in range(count)]
+    warmup = [encode_prompt(target.tokenizer, questions[(count + i) % len(questions)].turns[0])
+              for i in range(max(concurrency))]  # the engine's untimed warm-up: the questions after the timed ones
     console = Console(stderr=True)
     if args.scenario != "throughput":
         return _scenario(args, target, questions, prompts, console)
     meta = {**environment(torch.get_num_threads()), "target model": target.name,
             "draft model": draft.name if draft else "none", "dtype": args.dtype,
             "workload": f"{count} requests (first turns of suite '{args.suite}', {len(questions)} questions, cycled), "
-                        f"greedy, max_new_tokens {args.max_new_tokens}, closed loop of C requests in flight",
+                        f"greedy, max_new_tokens {args.max_new_tokens}, closed loop of C requests in flight; each "
+                        "engine first serves C other questions of the suite untimed (steady state)",
             "max batch tokens": args.max_batch_tokens,
             "reference": "each request decoded alone by HF generate (greedy)"}
     notes: list[str] = []
@@ -52,7 +55,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
         progress.advance(task)
         for method, c in runs:
             progress.update(task, description=f"{method} @ {c}")
-            record = _run(method, c, target, draft, prompts, args, notes)
+            record = _run(method, c, target, draft, prompts, args, notes, warmup)
             if record is not None:
                 check_against(target, prompts, reference["tokens"], record)
                 rows += [dict(record, method=method, concurrency=cc)
@@ -104,7 +107,7 @@ def _cell(value) -> str:
     return "–" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _run(method: str, c: int, target, draft, prompts, args, notes: list[str]) -> dict | None:
+def _run(method: str, c: int, target, draft, prompts, args, notes: list[str], warmup=()) -> dict | None:
     if method == "hf-generate":
         return run_hf_generate(target, prompts, args.max_new_tokens)
     if method == "hf-generate-batch":
@@ -114,7 +117,7 @@ def _run(method: str, c: int, target, draft, prompts, args, notes: list[str]) ->
             notes.append(f"hf-generate-batch @ {c} did not run: {type(error).__name__}: {str(error).splitlines()[0]}")
             return None
     drafter = "none" if method == "engine" else method.removeprefix("engine-")
-    return run_engine(target, prompts, c, args.max_new_tokens, drafter=drafter, draft=draft,
+    return run_engine(target, prompts, c, args.max_new_tokens, drafter=drafter, draft=draft, warmup=warmup,
                       max_batch_tokens=args.max_batch_tokens, packed_weights=not args.hf_kernels)
 
 

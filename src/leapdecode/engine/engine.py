@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..api import GenerationResult, drafter_factory, encode_prompt, resolve_model
-from ..controller import DraftLengthController, StepCost, plan_draft_lengths
+from ..controller import DECAY, DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
 from ..drafters import Drafter
 from ..errors import LeapDecodeError, require
 from ..runner import final_norm_output, model_kernels, prepare_model
@@ -93,7 +93,8 @@ class Engine:
         self.max_batch_tokens, self.max_sequences = max_batch_tokens, max_sequences
         self.packed_weights = packed_weights
         prepare_model(self.model, packed_weights)
-        self.costs = StepCost()  # seconds of a forward over R rows, shared by every sequence's planning
+        self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
+        self.acceptance = _Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._ids = itertools.count()
         self._lock = threading.Lock()       # guards _incoming and _cancels (touched by other threads)
@@ -213,7 +214,11 @@ class Engine:
             self._admit()
             if not self._running:
                 return outputs
-            self._forward(*self._plan(), outputs)
+            start = time.perf_counter()
+            ids, segments, kept = self._plan()
+            self._forward(ids, segments, kept, outputs)
+            # the whole step, drafting and verification included: what a draft row really costs at this load
+            self.costs.record(len(ids), time.perf_counter() - start)
             self.counters["steps"] += 1
             return outputs
 
@@ -224,6 +229,7 @@ class Engine:
         while self._waiting and len(self._running) < self.max_sequences:
             request = self._waiting.popleft()
             controller = DraftLengthController(costs=self.costs, **self._controller)
+            controller.accepted, controller.rejected = self.acceptance.prior()
             request.seq = SequenceState(request.prompt_ids, self._make_drafter(), controller=controller,
                                         eos_ids=set(self.target.eos_token_ids), context_length=self.context_length,
                                         **request.params)
@@ -266,7 +272,9 @@ class Engine:
             return [r.seq.controller.demand(r.seq.room).cap for r in decoding]
         if not self.costs:  # nothing measured yet: a plain step first
             return [0] * len(decoding)
-        demands = [r.seq.controller.demand(r.seq.room) for r in decoding]
+        # drafting time is inside the measured step cost (see step), so it is not charged again per draft token
+        demands = [DraftDemand(d.acceptance, 0.0, d.cap) for d in (r.seq.controller.demand(r.seq.room)
+                                                                   for r in decoding)]
         # costs beyond the largest measured step are guessed flat (optimistic): explore at most twice as far
         explored = max(self.costs.seconds)
         row_budget = min(row_budget, max(2 * explored, len(decoding) + 1))
@@ -282,12 +290,10 @@ class Engine:
                             device=device)
         greedy = all(r.seq.sampling.greedy for r, _ in kept)
         hidden_needed = any(r.seq.drafter.needs_hidden for r, _ in kept)
-        start = time.perf_counter()
         with torch.inference_mode(), model_kernels(self.model, self.packed_weights, greedy, FlatBatch(segments)), \
                 final_norm_output(self.model, hidden_needed) as captured:
             logits = self.model(input_ids=torch.tensor([ids], device=device), use_cache=False,
                                 position_ids=torch.tensor([positions], device=device), logits_to_keep=keep).logits[0]
-        self.costs.record(len(ids), time.perf_counter() - start)
         hidden = captured[-1][0, keep] if captured else None
         for s in segments:
             s.kv.length = s.past + s.n
@@ -304,6 +310,7 @@ class Engine:
         new, rejected = seq.accept(logits, hidden)
         request.kv.truncate(request.kv.length - rejected)
         if drafted:
+            self.acceptance.update(drafted - rejected, rejected > 0)
             self.counters["spec_decode_num_drafts"] += 1
             self.counters["spec_decode_num_draft_tokens"] += drafted
             self.counters["spec_decode_num_accepted_tokens"] += drafted - rejected
@@ -350,6 +357,26 @@ class Engine:
             request.on_output(out)
         else:
             request.outputs.append(out)
+
+
+class _Acceptance:
+    """Decayed counts of accepted draft tokens and rejections over all requests: a new request's controller starts
+    from them (worth PRIOR_STEPS steps) instead of a fixed prior, so it drafts as much as drafts have been paying."""
+
+    PRIOR_STEPS = 4.0
+
+    def __init__(self):
+        self.accepted = self.rejected = self.steps = 0.0
+
+    def update(self, accepted: int, rejected: bool) -> None:
+        self.accepted, self.rejected = self.accepted * DECAY + accepted, self.rejected * DECAY + rejected
+        self.steps = self.steps * DECAY + 1
+
+    def prior(self) -> tuple[float, float]:
+        if self.steps == 0:
+            return 0.0, 0.0
+        scale = min(1.0, self.PRIOR_STEPS / self.steps)
+        return self.accepted * scale, self.rejected * scale
 
 
 def _stop_strings(stop) -> list[str]:
