@@ -36,6 +36,7 @@ from .prefix_cache import PrefixCache
 from .text import TextStream
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "cancelled"}
+MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode
 REQUEST_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "raw")
 
 
@@ -74,7 +75,8 @@ class Engine:
     def __init__(self, model, *, tokenizer=None, drafter: str = "none", draft_model=None, draft_dtype: str = "int8",
                  dtype: str = "float32", max_batch_tokens: int = 256, max_sequences: int = 32,
                  prefix_cache_tokens: int = 8192, draft_length: int = 4, max_draft_length: int = 16,
-                 adaptive_draft_length: bool = True, packed_weights: bool = True, drafter_options: dict | None = None):
+                 adaptive_draft_length: bool = True, packed_weights: bool = True, drafter_options: dict | None = None,
+                 max_decode_slowdown: float = 2.0):
         require(isinstance(max_batch_tokens, int) and max_batch_tokens >= 1,
                 f"max_batch_tokens must be a positive integer, got {max_batch_tokens}")
         require(isinstance(max_sequences, int) and max_sequences >= 1,
@@ -90,7 +92,9 @@ class Engine:
         self._controller = dict(k_init=min(draft_length, max_draft_length), k_max=max_draft_length,
                                 adaptive=adaptive_draft_length)
         DraftLengthController(**self._controller)  # bad lengths fail here
+        require(max_decode_slowdown >= 1, f"max_decode_slowdown must be >= 1, got {max_decode_slowdown}")
         self.max_batch_tokens, self.max_sequences = max_batch_tokens, max_sequences
+        self.max_decode_slowdown = max_decode_slowdown
         self.packed_weights = packed_weights
         prepare_model(self.model, packed_weights)
         self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
@@ -256,6 +260,7 @@ class Engine:
             rows = request.seq.propose(k)
             segments.append(Segment(request.kv, len(ids), len(rows), request.kv.length))
             ids += rows
+        budget = self._prefill_budget(len(ids), budget) if decoding else budget
         for request in self._running:
             if request.decoding or len(ids) >= budget:
                 continue
@@ -266,6 +271,19 @@ class Engine:
             if done + n == len(request.prompt_ids):
                 kept.append((request, len(ids) - 1))
         return ids, segments, kept
+
+    def _prefill_budget(self, decode_rows: int, budget: int) -> int:
+        """Rows a step may hold while streams decode: prompt chunks only up to where the measured step cost reaches
+        max_decode_slowdown times a decode-only step (SARATHI: prefill rides along without stalling the streams);
+        at least MIN_CHUNK prompt rows, so a long prompt always advances."""
+        if not self.costs:
+            return budget
+        limit = self.max_decode_slowdown * self.costs(decode_rows)
+        low, high = decode_rows + MIN_CHUNK, budget
+        while low < high:  # the largest row count whose cost stays within the limit
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self.costs(mid) <= limit else (low, mid - 1)
+        return min(budget, low)
 
     def _draft_lengths(self, decoding: list[_Request], row_budget: int) -> list[int]:
         if not self._controller["adaptive"]:
