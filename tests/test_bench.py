@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import noisy_copy, tiny_head, tiny_model
+
 from leapdecode.bench import methods as bench_methods
 from leapdecode.bench import runner as bench_runner
-from leapdecode.cli import main as bench_main
 from leapdecode.bench.methods import METHODS, parse_methods
 from leapdecode.bench.run import run_benchmark
 from leapdecode.bench.runner import BenchConfig, plan_variants
 from leapdecode.bench.suites import load_suite
+from leapdecode.cli import main as bench_main
 from leapdecode.errors import LeapDecodeError
 from leapdecode.models import LoadedModel
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_hf import make_tiny_hf_dir
 
 from leapdecode.cli import main
-from tiny_hf import make_tiny_hf_dir
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from tiny_hf import WORDS, make_tiny_hf_dir
 
 from leapdecode.cli import main
-from tiny_hf import WORDS, make_tiny_hf_dir
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_model
+from tiny_hf import make_tiny_hf_dir
+
 from leapdecode import generate
 from leapdecode.api import resolve_model
 from leapdecode.engine import Engine
-from tiny_hf import make_tiny_hf_dir
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -7,16 +7,16 @@ import functools
 
 import pytest
 import torch
+from conftest import noisy_copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_hf import make_tiny_hf_dir
 
-from conftest import noisy_copy
 from leapdecode import generate
 from leapdecode.api import resolve_model
 from leapdecode.controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
 from leapdecode.engine import Engine
 from leapdecode.errors import LeapDecodeError
-from tiny_hf import make_tiny_hf_dir
 
 DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model")
 

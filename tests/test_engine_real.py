@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_real_model import PROMPTS
 
 from leapdecode import generate
 from leapdecode.api import encode_prompt
 from leapdecode.engine import Engine
 from leapdecode.models import load_model
-from test_real_model import PROMPTS
 
 pytestmark = pytest.mark.slow
 TIE = 1e-3

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import greedy_records, tiny_head, tiny_model
+
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter

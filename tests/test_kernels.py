@@ -4,8 +4,8 @@ import logging
 
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from leapdecode import kernels
 from leapdecode.kernels import calibrate, ops
 from leapdecode.kernels.calibrate import Plan

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import VOCAB, noisy_copy, tiny_model
+
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
+from conftest import VOCAB, noisy_copy, tiny_head, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import VOCAB, noisy_copy, tiny_head, tiny_model
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter

@@ -1,8 +1,8 @@
 """The Runner's pre-packed linear path: active only inside its own forwards, numerically F.linear up to rounding."""
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from leapdecode.runner import Runner
 
 

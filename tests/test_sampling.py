@@ -5,12 +5,11 @@ statistical check is shown to have power.
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
+from conftest import noisy_copy, tiny_model
 from scipy.stats import chisquare
 
-from conftest import noisy_copy, tiny_model
 from leapdecode import verify
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
@@ -154,8 +153,7 @@ def test_seeded_sampling_is_the_same_for_every_model_free_drafter_and_draft_leng
 
 def hf_probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """The distribution HF `generate(do_sample=True)` draws from: its own warpers, in its order."""
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     scores = logits.float()
     warpers = [TemperatureLogitsWarper(cfg.temperature)]

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import noisy_copy, tiny_model
 from scipy.stats import chi2
 
 import leapdecode.sequence as sequence_module
-from conftest import noisy_copy, tiny_model
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
 from leapdecode.drafters import Draft, Drafter, make_drafter

@@ -10,13 +10,13 @@ import time
 import httpx
 import openai
 import pytest
+from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
 from leapdecode.api import encode_prompt, resolve_model
 from leapdecode.engine import Engine
 from leapdecode.serve.app import create_app
 from leapdecode.serve.server import BackgroundServer
-from tiny_hf import make_tiny_hf_dir
 
 PROMPTS = ["hello world w1 w2 w3", "the w7 w8 a w9", "w10 w11 w12 w10 w11", "a the hello w40"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_hf import make_tiny_hf_dir
 
 from leapdecode.api import resolve_model
 from leapdecode.cli import main
@@ -12,7 +13,6 @@ from leapdecode.engine import Engine
 from leapdecode.serve.app import create_app
 from leapdecode.serve.bench_serve import _pct, server_commands
 from leapdecode.serve.server import BackgroundServer
-from tiny_hf import make_tiny_hf_dir
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ import time
 import httpx
 import openai
 import pytest
+from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
 from leapdecode.api import resolve_model
 from leapdecode.serve.server import free_port
-from tiny_hf import make_tiny_hf_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.tiny]
 

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
-
-from conftest import tiny_model
 
 WORDS = ["<unk>", "<eos>", "<user>", "<assistant>"] + [f"w{i}" for i in range(60)] + ["hello", "world", "the", "a"]
 CHAT_TEMPLATE = ("{% for m in messages %}{{ '<' + m['role'] + '> ' + m['content'] + ' ' }}{% endfor %}"

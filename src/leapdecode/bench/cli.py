@@ -51,12 +51,11 @@ def default_methods(has_draft: bool, has_head: bool) -> str:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    from ..heads.model import has_shipped_head
     from ..models import load_model
     from .run import run_benchmark
     from .runner import BenchConfig
     from .suites import load_suite
-
-    from ..heads.model import has_shipped_head
 
     has_head = args.head is not None or has_shipped_head(args.model)
     methods = parse_methods(args.methods or default_methods(args.draft_model is not None, has_head),

@@ -6,7 +6,6 @@ ARTICLES feed summarization and retrieval-augmented generation; the other lists 
 
 from ..code_prompts import CODE_INSTRUCTION, HUMANEVAL_IDS  # noqa: F401 - the quick suite's code questions
 
-
 ARTICLES = [
     ("Rooftop hives change a neighbourhood",
      "When the city of Marlow Bay opened its first rooftop apiary on the central library in 2019, few residents expected it to last a season. Five years later the programme runs 140 hives on 38 public buildings, and volunteers harvested roughly 2.3 tonnes of honey last summer. The project began as a response to a regional survey that found wild pollinator numbers in the valley had fallen by almost a third in a decade. City ecologist Dana Whitlock argued that managed hives alone would not reverse the decline, so every new apiary must be paired with a pollinator strip: a band of native flowering plants planted within 500 metres of the hives.\n\n"

@@ -19,8 +19,15 @@ from typing import Callable
 import torch
 
 from ..report_kit import markdown_table, pyplot
-from .decoders import (CreditDecoder, EGPDecoder, FixedStepsDecoder, Learn2PDDecoder, PositionFilter, ProphetDecoder,
-                       ThresholdDecoder)
+from .decoders import (
+    CreditDecoder,
+    EGPDecoder,
+    FixedStepsDecoder,
+    Learn2PDDecoder,
+    PositionFilter,
+    ProphetDecoder,
+    ThresholdDecoder,
+)
 from .interface import DiffusionLM
 from .loop import diffusion_decode
 from .tasks import GEN_LEN, TASKS, CharTokenizer, Example, check, encode_prompts, heldout_set
@@ -135,7 +142,7 @@ def summarize(results: dict, tasks: list[str], gen_len: int, per_task: int, bloc
         families.setdefault(v["family"], {"settings": []})["settings"].append(v)
     y_max = {t: max(v["per_task"][t]["accuracy"] for v in results.values()) for t in tasks}
     y_max_mean = max(v["accuracy"] for v in results.values())
-    for fam, f in families.items():
+    for f in families.values():
         f["aup_per_task"] = {t: aup([(s["per_task"][t]["tpf"], s["per_task"][t]["accuracy"]) for s in f["settings"]],
                                     y_max[t]) for t in tasks}
         f["aup_mean_over_tasks"] = sum(f["aup_per_task"].values()) / len(tasks)

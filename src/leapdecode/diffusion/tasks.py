@@ -23,9 +23,12 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import require
+
+if TYPE_CHECKING:
+    import torch
 
 PAD, MASK, EOS = "<pad>", "<mask>", "<eos>"
 SPECIAL = [PAD, MASK, EOS]

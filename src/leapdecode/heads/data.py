@@ -15,8 +15,7 @@ import torch
 from ..api import encode_prompt
 from ..errors import LeapDecodeError
 from ..kernels import install_packed_linear, packed_kernels
-from .prompts import (first_round, follow_ups, open_question_requests, question_requests, subject_round,
-                      written_question)
+from .prompts import first_round, follow_ups, open_question_requests, question_requests, subject_round, written_question
 
 
 def unused_code_prompts() -> list[str]:

@@ -13,8 +13,19 @@ bf16 packed results equal `F.linear`'s bit for bit; fp32 ones differ in rounding
 from .argmax_head import BF16_ROUNDING, ArgmaxOutputHead, fast_bf16
 from .calibrate import BUCKETS, Plan, bf16_pays, cache_file, describe_kernels, kernel_table
 from .ops import PAD_ROWS, packed_matmul, packed_ops
-from .packed import (ARGMAX_PATHS, LINEAR_PATHS, MODES, argmax_logits, chosen_path, configure, configured,
-                     install_argmax_head, install_packed_linear, packed_kernels, settings)
+from .packed import (
+                     ARGMAX_PATHS,
+                     LINEAR_PATHS,
+                     MODES,
+                     argmax_logits,
+                     chosen_path,
+                     configure,
+                     configured,
+                     install_argmax_head,
+                     install_packed_linear,
+                     packed_kernels,
+                     settings,
+)
 
 _packed_matmul = packed_matmul  # the name tests and older callers use
 

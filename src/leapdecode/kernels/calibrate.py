@@ -27,7 +27,7 @@ from collections import defaultdict
 import torch
 
 from .ops import PAD_ROWS
-from .packed import (ARGMAX_PATHS, LINEAR_PATHS, _settings, apply, available, drop_derived, installed, prepare)
+from .packed import ARGMAX_PATHS, LINEAR_PATHS, _settings, apply, available, drop_derived, installed, prepare
 
 VERSION = 2  # bump when what is measured changes: older cache entries are then ignored
 # 1 + draft length for single requests (up to 17), and the flat batches of a batched engine
@@ -104,12 +104,12 @@ def assign_plans(modules: list[torch.nn.Linear]) -> None:
         groups[(m.out_features, m.in_features, m.weight.dtype)].append(m)
     fresh, plans = False, {}
     for (out, inp, dtype), mods in groups.items():
-        linear, new = _entry("linear", out, inp, dtype, lambda: [m.weight.detach() for m in mods], LINEAR_PATHS)
+        linear, new = _entry("linear", out, inp, dtype, lambda: [m.weight.detach() for m in mods], LINEAR_PATHS)  # noqa: B023 - called at once, in this iteration
         fresh |= new
         for m in mods:
             argmax = None
             if getattr(m, "_leapdecode_argmax", False):
-                argmax, new = _entry("argmax", out, inp, dtype, lambda: [m.weight.detach()], ARGMAX_PATHS,
+                argmax, new = _entry("argmax", out, inp, dtype, lambda: [m.weight.detach()], ARGMAX_PATHS,  # noqa: B023 - called at once, in this iteration
                                      ARGMAX_BUCKETS)
                 fresh |= new
             key = (id(linear), id(argmax))
@@ -257,7 +257,7 @@ def _measure(weights: list[torch.Tensor], dtype: torch.dtype, paths, buckets) ->
             for r in range(rounds[1]):
                 before = dict(best)
                 for p in here[r % len(here):] + here[: r % len(here)]:
-                    best[p] = min(best[p], _timed(lambda: _run(p, use[p][:n], x)) / n)
+                    best[p] = min(best[p], _timed(lambda: _run(p, use[p][:n], x)) / n)  # noqa: B023 - called at once, in this iteration
                 if r + 1 >= rounds[0] and all(best[p] > (1 - MARGIN) * before[p] for p in here):
                     break  # no path got clearly faster in this round: the minimums have settled
             for p in paths:
@@ -277,7 +277,7 @@ def _quiet() -> bool:
 
 def _warm(states: dict, x: torch.Tensor) -> float:
     """One call of every path on its first layer (the first call of a shape picks kernels); the slowest's time."""
-    return max((_timed(lambda: _run(p, s[:1], x)) for p, s in states.items() if s), default=0.0)
+    return max((_timed(lambda: _run(p, s[:1], x)) for p, s in states.items() if s), default=0.0)  # noqa: B023 - called at once, in this iteration
 
 
 def _prepared(path: str, weights: list[torch.Tensor]) -> list:

@@ -28,7 +28,6 @@ from .base import full_prefill
 from .needle import Sample, depths, document_prompt, needle_prompt
 
 
-
 @dataclass
 class BenchSettings:
     model: str = "smollm2-135m"

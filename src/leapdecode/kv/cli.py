@@ -16,14 +16,14 @@ def _list(kind):
         try:
             return [kind(v) for v in value.split(",") if v.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}s, got '{value}'")
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}s, got '{value}'") from None
     return parse
 
 
 def cmd_bench_kv(args: argparse.Namespace) -> int:
+    from . import KV_PRESSES
     from .bench import BenchSettings, parse_press, run_bench
     from .report import write
-    from . import KV_PRESSES
 
     presses = [p for p in args.presses.split(",") if p.strip()] if args.presses else list(KV_PRESSES)
     for spec in presses:

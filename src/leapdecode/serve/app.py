@@ -139,7 +139,7 @@ def _jobs(state: ServerState, body, chat: bool) -> list[dict]:
     if stop is not None and not all(stop):
         raise APIError(400, "stop: stop strings must not be empty", param="stop")
     jobs = []
-    for p, prompt in enumerate(prompts):
+    for prompt in prompts:
         try:
             ids = encode_prompt(tokenizer, prompt, raw=not chat)
         except LeapDecodeError as e:

@@ -2,7 +2,6 @@
 (low-confidence remasking), k = remaining masks / remaining steps. steps = gen length is one token per forward."""
 from __future__ import annotations
 
-
 from ...errors import require
 from ..loop import Commit, StepView
 from .base import Decoder, top_k_mask
