@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random-weight models built in-process (no downloads), made decisive so that
 floating-point near-ties between k-token and 1-token forwards cannot flip an argmax (see shared MEASURED.md)."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,9 +13,19 @@ VOCAB = 96
 def tiny_model(arch: str, seed: int, head_scale: float = 8.0, vocab: int = VOCAB) -> torch.nn.Module:
     """A 2-layer random model; its output head is scaled so logits are far apart (decisive argmax)."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:
@@ -54,12 +65,19 @@ def greedy_records(model: torch.nn.Module, count: int, seed: int, length: int = 
     gen = torch.Generator().manual_seed(seed)
     records = []
     for _ in range(count):
-        prompt = torch.randint(0, model.config.vocab_size, (int(torch.randint(3, 12, (1,), generator=gen)),),
-                               generator=gen)
+        prompt = torch.randint(
+            0, model.config.vocab_size, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen
+        )
         with torch.no_grad():
-            out = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 max_new_tokens=length, do_sample=False, eos_token_id=None, pad_token_id=0)
-        records.append({"prompt_ids": prompt.tolist(), "answer_ids": out[0, len(prompt):].tolist()})
+            out = model.generate(
+                prompt[None],
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=length,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        records.append({"prompt_ids": prompt.tolist(), "answer_ids": out[0, len(prompt) :].tolist()})
     return records
 
 
@@ -69,10 +87,15 @@ def tiny_head(model: torch.nn.Module, trained: bool, seed: int = 0):
     from leapdecode.heads.train import HeadTrainConfig, train_head
 
     if trained:
-        cfg = HeadTrainConfig(vocab=model.config.vocab_size, intermediate=128, epochs=6, batch_size=64, lr=3e-3,
-                              seed=seed, val_share=0.2)
+        cfg = HeadTrainConfig(
+            vocab=model.config.vocab_size, intermediate=128, epochs=6, batch_size=64, lr=3e-3, seed=seed, val_share=0.2
+        )
         return train_head(model, greedy_records(model, 40, seed), cfg, "tiny", log=lambda *a: None)
     torch.manual_seed(seed)
-    config = HeadConfig(hidden_size=model.config.hidden_size, intermediate_size=128,
-                        target_vocab_size=model.config.vocab_size, target="tiny")
+    config = HeadConfig(
+        hidden_size=model.config.hidden_size,
+        intermediate_size=128,
+        target_vocab_size=model.config.vocab_size,
+        target="tiny",
+    )
     return DraftHead(config, torch.arange(model.config.vocab_size)).attach(model).eval(), {}

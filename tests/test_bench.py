@@ -1,5 +1,6 @@
 """The benchmark: suite loading and validation, a mini end-to-end run on a tiny model with a tiny character-level
 tokenizer (no downloads), and the equality check catching an injected mismatch. Timings are never asserted."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,10 @@ from leapdecode.cli import main as bench_main
 from leapdecode.errors import LeapDecodeError
 from leapdecode.models import LoadedModel
 
-CHAT = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}a:{% endif %}")
+CHAT = (
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
 
 
 def char_tokenizer():
@@ -40,8 +43,10 @@ def tiny():
     tok = char_tokenizer()
     target = tiny_model("llama", seed=3, vocab=len(tok))
     draft = noisy_copy(target, seed=4, noise=0.3)
-    return (LoadedModel(model=target, tokenizer=tok, name="tiny-target", path="memory"),
-            LoadedModel(model=draft, tokenizer=tok, name="tiny-draft", path="memory"))
+    return (
+        LoadedModel(model=target, tokenizer=tok, name="tiny-target", path="memory"),
+        LoadedModel(model=draft, tokenizer=tok, name="tiny-draft", path="memory"),
+    )
 
 
 def write_jsonl(path, rows):
@@ -49,8 +54,10 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-SMALL = [{"question_id": "a", "category": "chat", "turns": ["say abc abc abc", "and again abc abc"]},
-         {"question_id": 2, "category": "copy", "turns": ["repeat: the cat sat on the mat, the cat sat on the"]}]
+SMALL = [
+    {"question_id": "a", "category": "chat", "turns": ["say abc abc abc", "and again abc abc"]},
+    {"question_id": 2, "category": "copy", "turns": ["repeat: the cat sat on the mat, the cat sat on the"]},
+]
 
 
 # ---------------------------------------------------------------- suites
@@ -59,15 +66,20 @@ SMALL = [{"question_id": "a", "category": "chat", "turns": ["say abc abc abc", "
 # the built-in suites' shape and generator: tests/test_suites.py
 
 
-@pytest.mark.parametrize("rows, message", [
-    (["{not json"], ":1: not valid JSON"),
-    ([{"question_id": 1, "turns": ["x"]}], "missing field 'category'"),
-    ([{"question_id": 1, "category": "c", "turns": []}], "'turns' must be a non-empty list"),
-    ([{"question_id": 1, "category": "c", "turns": ["ok", 3]}], "turn 2 must be a non-empty string"),
-    ([{"question_id": 1, "category": "c", "turns": ["x"]}, {"question_id": 1, "category": "c", "turns": ["y"]}],
-     ":2: duplicate question_id"),
-    (["[1, 2]"], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (["{not json"], ":1: not valid JSON"),
+        ([{"question_id": 1, "turns": ["x"]}], "missing field 'category'"),
+        ([{"question_id": 1, "category": "c", "turns": []}], "'turns' must be a non-empty list"),
+        ([{"question_id": 1, "category": "c", "turns": ["ok", 3]}], "turn 2 must be a non-empty string"),
+        (
+            [{"question_id": 1, "category": "c", "turns": ["x"]}, {"question_id": 1, "category": "c", "turns": ["y"]}],
+            ":2: duplicate question_id",
+        ),
+        (["[1, 2]"], "expected a JSON object"),
+    ],
+)
 def test_bad_suite_files(tmp_path, rows, message):
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(LeapDecodeError, match=message) as err:
@@ -109,8 +121,12 @@ def test_cli_bad_input_one_line(tmp_path, capsys):
 
 
 def test_plan_variants_sweeps_oracle():
-    labels = [v.label for v in plan_variants(BenchConfig(methods=["hf-generate", "ngram", "oracle"],
-                                                         draft_lengths=[4, 2], sweep=["ngram"]))]
+    labels = [
+        v.label
+        for v in plan_variants(
+            BenchConfig(methods=["hf-generate", "ngram", "oracle"], draft_lengths=[4, 2], sweep=["ngram"])
+        )
+    ]
     assert labels == ["hf-generate", "ngram", "ngram@2", "ngram@4", "oracle@2", "oracle@4"]
 
 
@@ -118,8 +134,14 @@ def test_end_to_end_tiny(tiny, tmp_path):
     target, draft = tiny
     questions = load_suite(write_jsonl(tmp_path / "s.jsonl", SMALL))
     tiny_head(target.model, trained=True)[0].save(tmp_path / "head")
-    cfg = BenchConfig(methods=list(METHODS), max_new_tokens=12, repeats=2, draft_lengths=[2, 4],
-                      sweep=["prompt-lookup"], head=str(tmp_path / "head"))
+    cfg = BenchConfig(
+        methods=list(METHODS),
+        max_new_tokens=12,
+        repeats=2,
+        draft_lengths=[2, 4],
+        sweep=["prompt-lookup"],
+        head=str(tmp_path / "head"),
+    )
     res = run_benchmark(target, questions, cfg, tmp_path / "out", draft=draft, suite="s", progress=False)
     data = json.loads(res.results.read_text())
     n_variants = len(METHODS) - 1 + 2 + 2  # oracle only swept; prompt-lookup also swept
@@ -136,7 +158,13 @@ def test_end_to_end_tiny(tiny, tmp_path):
     assert data["summary"]["oracle_best"] in ("oracle@2", "oracle@4")
     assert set(data["meta"]["setup"]) >= {"machine", "versions", "dtype", "command"}
     report = res.report.read_text()
-    assert "## Overall" in report and "Loop overhead" in report and "## Forward cost" in report and "identical to the greedy reference" in report and "MISMATCH" not in report
+    assert (
+        "## Overall" in report
+        and "Loop overhead" in report
+        and "## Forward cost" in report
+        and "identical to the greedy reference" in report
+        and "MISMATCH" not in report
+    )
     for png in res.plots:
         assert png.read_bytes()[:4] == b"\x89PNG"
     assert {p.name for p in res.plots} == {"speedup.png", "draft_length.png"}
@@ -154,9 +182,13 @@ def test_injected_mismatch_is_flagged(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_runner, "run_variant", corrupt)
     questions = load_suite(write_jsonl(tmp_path / "s.jsonl", SMALL[1:]))
-    res = run_benchmark(target, questions, BenchConfig(methods=["hf-generate", "none", "prompt-lookup"],
-                                                       max_new_tokens=10, repeats=1), tmp_path / "out",
-                        progress=False)
+    res = run_benchmark(
+        target,
+        questions,
+        BenchConfig(methods=["hf-generate", "none", "prompt-lookup"], max_new_tokens=10, repeats=1),
+        tmp_path / "out",
+        progress=False,
+    )
     data = json.loads(res.results.read_text())
     assert data["summary"]["mismatched_outputs"] == 1
     assert data["summary"]["groups"]["overall"]["prompt-lookup"]["identical_share"] == 0.0
@@ -170,8 +202,23 @@ def test_injected_mismatch_is_flagged(tiny, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_cli_quick_smollm2(tmp_path):
     out = tmp_path / "quick"
-    assert bench_main(["bench", "--model", "smollm2-135m", "--suite", "quick", "--max-new-tokens", "8",
-                       "--no-progress", "--out", str(out)]) == 0
+    assert (
+        bench_main(
+            [
+                "bench",
+                "--model",
+                "smollm2-135m",
+                "--suite",
+                "quick",
+                "--max-new-tokens",
+                "8",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert (out / "results.json").exists() and (out / "report.md").exists()
 
 
@@ -201,8 +248,25 @@ def test_cli_fail_on_mismatch_exits_3(tiny, tmp_path, monkeypatch, capsys, corru
 
         monkeypatch.setattr(bench_runner, "run_variant", corrupt)
     suite = write_jsonl(tmp_path / "s.jsonl", SMALL[1:])
-    code = bench_main(["bench", "--model", "tiny", "--methods", "hf-generate,none,prompt-lookup", "--suite", suite,
-                       "--max-new-tokens", "8", "--repeats", "1", "--no-warmup", "--no-progress",
-                       "--fail-on-mismatch", "--out", str(tmp_path / "out")])
+    code = bench_main(
+        [
+            "bench",
+            "--model",
+            "tiny",
+            "--methods",
+            "hf-generate,none,prompt-lookup",
+            "--suite",
+            suite,
+            "--max-new-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--no-warmup",
+            "--no-progress",
+            "--fail-on-mismatch",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == (3 if corrupted else 0)
     assert ("MISMATCH" in capsys.readouterr().err) == corrupted

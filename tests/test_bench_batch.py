@@ -1,5 +1,6 @@
 """`leapdecode bench-batch` end to end on a tiny local model (no downloads): every method runs at every concurrency,
 outputs are checked against solo greedy, the report files are written; the scenarios run. Timings never asserted."""
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,32 @@ def tiny_dir(tmp_path_factory):
 
 def test_bench_batch_writes_a_checked_report(tiny_dir, tmp_path):
     out = tmp_path / "bb"
-    code = main(["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--concurrency", "1,3", "--requests", "3",
-                 "--max-new-tokens", "6", "--methods", "hf-generate,engine,engine-prompt-lookup,engine-ngram",
-                 "--no-progress", "--fail-on-mismatch", "--out", str(out)])
+    code = main(
+        [
+            "bench-batch",
+            "--model",
+            str(tiny_dir),
+            "--suite",
+            "quick",
+            "--concurrency",
+            "1,3",
+            "--requests",
+            "3",
+            "--max-new-tokens",
+            "6",
+            "--methods",
+            "hf-generate,engine,engine-prompt-lookup,engine-ngram",
+            "--no-progress",
+            "--fail-on-mismatch",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert {(r["method"], r["concurrency"]) for r in runs} == {
-        (m, c) for m in ("hf-generate", "engine", "engine-prompt-lookup", "engine-ngram") for c in (1, 3)}
+        (m, c) for m in ("hf-generate", "engine", "engine-prompt-lookup", "engine-ngram") for c in (1, 3)
+    }
     assert all(r["identical"] == 3 and r["output_tokens"] > 0 for r in runs)
     assert "| engine-ngram | 3 |" in (out / "report.md").read_text() and (out / "throughput.png").stat().st_size > 0
 
@@ -39,9 +59,27 @@ def test_bench_batch_fails_on_a_planted_mismatch(tiny_dir, tmp_path, monkeypatch
         return record
 
     monkeypatch.setattr("leapdecode.bench.batch_cli.run_engine", corrupted)
-    code = main(["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--concurrency", "2", "--requests", "2",
-                 "--max-new-tokens", "4", "--methods", "engine", "--no-progress", "--fail-on-mismatch",
-                 "--out", str(tmp_path / "bad")])
+    code = main(
+        [
+            "bench-batch",
+            "--model",
+            str(tiny_dir),
+            "--suite",
+            "quick",
+            "--concurrency",
+            "2",
+            "--requests",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--methods",
+            "engine",
+            "--no-progress",
+            "--fail-on-mismatch",
+            "--out",
+            str(tmp_path / "bad"),
+        ]
+    )
     assert code == 3
     assert "differ from solo greedy" in (tmp_path / "bad" / "report.md").read_text()
 
@@ -49,9 +87,32 @@ def test_bench_batch_fails_on_a_planted_mismatch(tiny_dir, tmp_path, monkeypatch
 @pytest.mark.parametrize("scenario", ["prefill-stall", "prefix-reuse"])
 def test_bench_batch_scenarios(tiny_dir, tmp_path, scenario):
     out = tmp_path / scenario
-    assert main(["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--scenario", scenario, "--streams", "2",
-                 "--long-prompt-tokens", "200", "--prefix-tokens", "64", "--max-new-tokens", "12",
-                 "--max-batch-tokens", "32", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench-batch",
+                "--model",
+                str(tiny_dir),
+                "--suite",
+                "quick",
+                "--scenario",
+                scenario,
+                "--streams",
+                "2",
+                "--long-prompt-tokens",
+                "200",
+                "--prefix-tokens",
+                "64",
+                "--max-new-tokens",
+                "12",
+                "--max-batch-tokens",
+                "32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = json.loads((out / "results.json").read_text())["table"]
     if scenario == "prefix-reuse":
         assert table["engine"]["cache hits"] == 1

@@ -1,4 +1,5 @@
 """The CLI: JSON output, and one clear error line (exit 2, no traceback) for every kind of bad input."""
+
 from __future__ import annotations
 
 import json
@@ -32,34 +33,66 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_generate_json(capsys, tiny_dir):
-    code, out, _ = run_cli(capsys, "generate", "hello world w1 w2 w1 w2", "--model", tiny_dir, "--json",
-                           "--max-new-tokens", "12", "--drafter", "prompt-lookup")
+    code, out, _ = run_cli(
+        capsys,
+        "generate",
+        "hello world w1 w2 w1 w2",
+        "--model",
+        tiny_dir,
+        "--json",
+        "--max-new-tokens",
+        "12",
+        "--drafter",
+        "prompt-lookup",
+    )
     assert code == 0
     result = json.loads(out)
-    for key in ("text", "token_ids", "new_tokens", "forward_passes", "mean_accepted_tokens", "tokens_per_second",
-                "model", "drafter"):
+    for key in (
+        "text",
+        "token_ids",
+        "new_tokens",
+        "forward_passes",
+        "mean_accepted_tokens",
+        "tokens_per_second",
+        "model",
+        "drafter",
+    ):
         assert key in result
     assert result["drafter"] == "prompt-lookup"
     assert 1 <= result["new_tokens"] == len(result["token_ids"]) <= 12
 
 
 def test_generate_streams_text(capsys, tiny_dir):
-    code, out, err = run_cli(capsys, "generate", "hello world", "--model", tiny_dir, "--max-new-tokens", "5",
-                             "--drafter", "ngram")
+    code, out, err = run_cli(
+        capsys, "generate", "hello world", "--model", tiny_dir, "--max-new-tokens", "5", "--drafter", "ngram"
+    )
     assert code == 0
     assert "tok/s" in err and "forward passes" in err
 
 
 def test_draft_model_with_same_tokenizer_runs(capsys, tiny_dir):
-    code, out, _ = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--drafter", "draft-model",
-                           "--draft-model", tiny_dir, "--json", "--max-new-tokens", "8")
+    code, out, _ = run_cli(
+        capsys,
+        "generate",
+        "hello",
+        "--model",
+        tiny_dir,
+        "--drafter",
+        "draft-model",
+        "--draft-model",
+        tiny_dir,
+        "--json",
+        "--max-new-tokens",
+        "8",
+    )
     assert code == 0 and json.loads(out)["drafter"] == "draft-model"
 
 
 def test_draft_model_with_the_default_drafter_drafts_with_it(capsys, tiny_dir):
     """--draft-model alone (drafter auto) means: draft with that model, not the default drafter."""
-    code, out, _ = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--draft-model", tiny_dir, "--json",
-                           "--max-new-tokens", "6")
+    code, out, _ = run_cli(
+        capsys, "generate", "hello", "--model", tiny_dir, "--draft-model", tiny_dir, "--json", "--max-new-tokens", "6"
+    )
     assert code == 0 and json.loads(out)["drafter"] == "draft-model"
 
 
@@ -85,10 +118,15 @@ BAD_INPUTS = {
     "draft-model without a draft model": (["--drafter", "draft-model"], "draft model"),
     "bad dtype": (["--dtype", "int3"], "dtype"),
     "bad draft length": (["--draft-length", "0"], "draft length"),
-    "draft model with another drafter": (["--drafter", "ngram", "--draft-model", "{tiny}"],
-                                         "used only by the draft-model drafter, not by 'ngram'"),
-    "missing weights": (["--model", "{missing}"], "model.safetensors does not match its config.json: missing "
-                        "model.layers.1.input_layernorm.weight, model.layers.1.mlp.down_proj.weight"),
+    "draft model with another drafter": (
+        ["--drafter", "ngram", "--draft-model", "{tiny}"],
+        "used only by the draft-model drafter, not by 'ngram'",
+    ),
+    "missing weights": (
+        ["--model", "{missing}"],
+        "model.safetensors does not match its config.json: missing "
+        "model.layers.1.input_layernorm.weight, model.layers.1.mlp.down_proj.weight",
+    ),
     "unexpected weights": (["--model", "{unexpected}"], "config.json: unexpected model.extra.weight"),
     "misshapen weights": (["--model", "{misshapen}"], "config.json: wrong shape model.norm.weight"),
 }
@@ -103,9 +141,11 @@ def broken_dirs(tmp_path_factory, tiny_dir):
     from safetensors.torch import load_file, save_file
 
     state = load_file(f"{tiny_dir}/model.safetensors")
-    variants = {"missing": {k: v for k, v in state.items() if "layers.1." not in k},
-                "unexpected": {**state, "model.extra.weight": torch.zeros(3)},
-                "misshapen": {**state, "model.norm.weight": torch.ones(7)}}
+    variants = {
+        "missing": {k: v for k, v in state.items() if "layers.1." not in k},
+        "unexpected": {**state, "model.extra.weight": torch.zeros(3)},
+        "misshapen": {**state, "model.norm.weight": torch.ones(7)},
+    }
     dirs = {"tiny": tiny_dir}
     for name, tensors in variants.items():
         path = tmp_path_factory.mktemp(name)
@@ -139,13 +179,26 @@ def test_corrupt_gguf(capsys, tmp_path):
 
 
 def test_other_tokenizer_draft_is_refused(capsys, tiny_dir, other_tokenizer_dir):
-    code, _, err = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--drafter", "draft-model",
-                           "--draft-model", other_tokenizer_dir)
+    code, _, err = run_cli(
+        capsys,
+        "generate",
+        "hello",
+        "--model",
+        tiny_dir,
+        "--drafter",
+        "draft-model",
+        "--draft-model",
+        other_tokenizer_dir,
+    )
     assert code == 2 and "different tokenizer" in err and err.count("\n") == 1
 
 
 def test_console_script_prints_no_traceback(tiny_dir):
-    proc = subprocess.run([sys.executable, "-m", "leapdecode.cli", "generate", "", "--model", tiny_dir],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "leapdecode.cli", "generate", "", "--model", tiny_dir],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.strip() == "leapdecode: error: the prompt is empty"

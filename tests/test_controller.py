@@ -1,4 +1,5 @@
 """The draft-length controller picks k from measured acceptance and cost (synthetic timings, no model)."""
+
 from leapdecode.controller import DraftLengthController
 
 
@@ -13,7 +14,7 @@ def test_times_a_plain_step_before_choosing():
     c.update(0, 0, 0, 0.0)  # the prefill step: nothing timed
     assert c.next_k() == 4
     c.update(4, 4, 5, 0.05)
-    assert c.next_k() == 0   # one plain step, to learn what drafting competes with
+    assert c.next_k() == 0  # one plain step, to learn what drafting competes with
     c.update(0, 0, 1, 0.05)
     assert c.next_k() == 16
 
@@ -75,7 +76,7 @@ def test_a_draft_after_plain_steps_is_not_timed():
     """Its time includes the draft model's catch-up over the tokens it missed, which says nothing of a draft token."""
     c = DraftLengthController(k_init=4)
     c.update(0, 0, 1, 0.05)
-    c.update(4, 4, 5, 0.06, 2.0)   # catch-up of a long plain stretch
+    c.update(4, 4, 5, 0.06, 2.0)  # catch-up of a long plain stretch
     assert c.draft_seconds is None
     c.update(4, 4, 5, 0.06, 0.04)  # a draft that follows a draft: 10 ms per token
     assert c.draft_seconds == 0.01

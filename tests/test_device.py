@@ -1,5 +1,6 @@
 """On a GPU (skipped without CUDA): the single-request loop and the batched Engine build their tensors on the
 model's device and still return plain greedy decoding's tokens (HF `generate` on the same GPU model)."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,9 +17,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_single_request_and_engine_on_cuda(tmp_path):
@@ -35,8 +37,15 @@ def test_single_request_and_engine_on_cuda(tmp_path):
 def test_qwen2_on_cuda_with_a_draft_model():
     target = tiny_model("qwen2", seed=4).to("cuda")
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    result = generate(target, prompt, tokenizer=_Tokenizer(), drafter="draft-model", draft_model=target,
-                      draft_dtype="float32", max_new_tokens=12)
+    result = generate(
+        target,
+        prompt,
+        tokenizer=_Tokenizer(),
+        drafter="draft-model",
+        draft_model=target,
+        draft_dtype="float32",
+        max_new_tokens=12,
+    )
     assert result.token_ids == hf_greedy(target, prompt, 12)
 
 

@@ -1,4 +1,5 @@
 """Diffusion-LM decoding: loop invariants for every decoder, EoTP safety, filter reproducibility, the shipped model."""
+
 from __future__ import annotations
 
 import random
@@ -57,8 +58,16 @@ def _prompts(per_task=3, seed=7):
 
 
 def _all_decoders(filt):
-    return [FixedStepsDecoder(steps=GEN_LEN), FixedStepsDecoder(steps=4), ThresholdDecoder(0.9), ThresholdDecoder(0.3),
-            CreditDecoder(0.8), ProphetDecoder(scale=0.3), Learn2PDDecoder(filt, 0.7), EGPDecoder()]
+    return [
+        FixedStepsDecoder(steps=GEN_LEN),
+        FixedStepsDecoder(steps=4),
+        ThresholdDecoder(0.9),
+        ThresholdDecoder(0.3),
+        CreditDecoder(0.8),
+        ProphetDecoder(scale=0.3),
+        Learn2PDDecoder(filt, 0.7),
+        EGPDecoder(),
+    ]
 
 
 @pytest.mark.parametrize("block_len", [None, 4, 5])
@@ -86,6 +95,7 @@ def test_every_decoder_commits_each_position_once_and_never_touches_prompt(lm, s
 
 def test_each_position_written_exactly_once_with_a_spy_decoder(lm):
     """A decoder that asks for everything, every step: the loop still writes only masked, eligible positions."""
+
     class Greedy(ThresholdDecoder):
         def select(self, view):
             seen.append((view.rows.clone(), view.eligible.clone()))
@@ -99,8 +109,8 @@ def test_each_position_written_exactly_once_with_a_spy_decoder(lm):
     writes = torch.zeros(prompts.shape[0], prompts.shape[1] + GEN_LEN, dtype=torch.long)
     for rows, eligible in seen:
         writes[rows] += eligible.long()  # eligible positions are the only ones written, each once
-    assert (writes[:, prompts.shape[1]:] == 1).all() and (writes[:, :prompts.shape[1]] == 0).all()
-    assert torch.equal(res.canvas[:, :prompts.shape[1]], prompts)
+    assert (writes[:, prompts.shape[1] :] == 1).all() and (writes[:, : prompts.shape[1]] == 0).all()
+    assert torch.equal(res.canvas[:, : prompts.shape[1]], prompts)
 
 
 def test_eotp_never_cuts_a_non_pad_token_in_reference_traces(lm):
@@ -111,7 +121,7 @@ def test_eotp_never_cuts_a_non_pad_token_in_reference_traces(lm):
     assert not eotp_would_cut(ref.canvas, prompts.shape[1], TOK.eos_id, TOK.pad_id).any()
     with_eotp = diffusion_decode(lm, prompts, GEN_LEN, FixedStepsDecoder(steps=GEN_LEN), eotp=True)
     assert torch.equal(with_eotp.canvas, ref.canvas)  # same output ...
-    assert with_eotp.nfe.sum() < ref.nfe.sum()        # ... in fewer forwards
+    assert with_eotp.nfe.sum() < ref.nfe.sum()  # ... in fewer forwards
 
 
 def test_filter_training_is_reproducible_with_a_seed(lm):
@@ -131,7 +141,9 @@ def _heldout_accuracy(lm, task: str, steps: int, per_task: int = 40) -> float:
     examples = heldout_set([task], per_task, seed=99)
     prompts = encode_prompts(TOK, [e.prompt for e in examples])
     res = diffusion_decode(lm, prompts, GEN_LEN, FixedStepsDecoder(steps=steps))
-    return sum(check(e, TOK.decode(r[prompts.shape[1]:].tolist())) for e, r in zip(examples, res.canvas)) / len(examples)
+    return sum(check(e, TOK.decode(r[prompts.shape[1] :].tolist())) for e, r in zip(examples, res.canvas)) / len(
+        examples
+    )
 
 
 # Held-out accuracy floor of the shipped model with the one-token-per-forward baseline (measured on 100 held-out
@@ -149,8 +161,11 @@ def test_naive_one_forward_decoding_loses_accuracy_on_multi_answer_tasks(lm, tas
 
 def test_model_round_trips_save_pretrained_and_is_bidirectional():
     torch.manual_seed(0)
-    m = MaskedDiffusionLM(MaskedDiffusionConfig(vocab_size=len(TOK), hidden_size=32, num_hidden_layers=2,
-                                                intermediate_size=64, num_attention_heads=2)).eval()
+    m = MaskedDiffusionLM(
+        MaskedDiffusionConfig(
+            vocab_size=len(TOK), hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2
+        )
+    ).eval()
     x = torch.randint(3, len(TOK), (2, 12))
     with tempfile.TemporaryDirectory() as d:
         m.save_pretrained(d)
@@ -168,13 +183,16 @@ def test_tasks_split_is_deterministic_and_checkers_accept_alternatives():
     rng = random.Random(0)
     assert not any(is_heldout(sample(t, rng, heldout=False).prompt) for t in TASKS for _ in range(20))
     from leapdecode.diffusion.tasks import Example
+
     two = Example("sum", "sum 12 abc", "")
     assert check(two, "abc:3+9") and check(two, "abc:9+3") and not check(two, "abc:3+3") and not check(two, "abd:3+9")
     likes, fmt = Example("likes", "likes bob", ""), Example("fmt", "fmt bob 42", "")
     assert check(likes, "bob likes tea") and check(likes, "bob likes fan") and not check(likes, "bob likes tan")
     assert check(fmt, "{n:bob,a:42}") and check(fmt, "bob is 42") and check(fmt, "42:bob")
     assert not check(fmt, "{n:bob=42") and not check(fmt, "bob is 24")
-    assert check(Example("nth", "nth 2 abc def ghi", ""), "def") and not check(Example("nth", "nth 2 abc def ghi", ""), "abc")
+    assert check(Example("nth", "nth 2 abc def ghi", ""), "def") and not check(
+        Example("nth", "nth 2 abc def ghi", ""), "abc"
+    )
     assert check(Example("add", "add 999+1", ""), "1000") and check(Example("add", "add 999+1", ""), "01000")
     assert not check(Example("add", "add 999+1", ""), "1001") and not check(Example("add", "add 999+1", ""), "")
 
@@ -186,16 +204,19 @@ def test_aup_and_pareto():
     assert pareto_front([(16, 90), (4, 85), (5, 80), (2, 60)]) == [(2, 60), (4, 85), (16, 90)]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["generate", "copy 123", "--decoder", "nope"], "unknown decoder"),
-    (["generate", "copy 123", "--decoder", "threshold", "--threshold", "0"], "must be in (0, 1]"),
-    (["generate", "copy 123", "--decoder", "threshold", "--threshold", "1.5"], "must be in (0, 1]"),
-    (["generate", "copy " + "1" * 60], "exceeds the model's canvas"),
-    (["generate", "copy 123", "--gen-len", "0"], "--gen-len must be positive"),
-    (["generate", "copy 123", "--gen-len", "-3"], "--gen-len must be positive"),
-    (["generate", "COPY 123"], "outside the model's vocabulary"),
-    (["bench", "--tasks", "copy,nope"], "unknown task"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "copy 123", "--decoder", "nope"], "unknown decoder"),
+        (["generate", "copy 123", "--decoder", "threshold", "--threshold", "0"], "must be in (0, 1]"),
+        (["generate", "copy 123", "--decoder", "threshold", "--threshold", "1.5"], "must be in (0, 1]"),
+        (["generate", "copy " + "1" * 60], "exceeds the model's canvas"),
+        (["generate", "copy 123", "--gen-len", "0"], "--gen-len must be positive"),
+        (["generate", "copy 123", "--gen-len", "-3"], "--gen-len must be positive"),
+        (["generate", "COPY 123"], "outside the model's vocabulary"),
+        (["bench", "--tasks", "copy,nope"], "unknown task"),
+    ],
+)
 def test_bad_input_gives_one_clear_line(argv, message):
     out = subprocess.run([sys.executable, "-m", "leapdecode.cli", "dllm", *argv], capture_output=True, text=True)
     assert out.returncode == 2
@@ -216,8 +237,10 @@ def test_make_decoder_rejects_bad_settings():
 def test_train_command_runs_and_saves_a_loadable_model(tmp_path):
     from leapdecode.diffusion.train import TrainConfig, train
 
-    record = train(TrainConfig(out=str(tmp_path), steps=2, batch_size=8, hidden_size=32, layers=1, heads=2,
-                               log_every=1), log=lambda *_: None)
+    record = train(
+        TrainConfig(out=str(tmp_path), steps=2, batch_size=8, hidden_size=32, layers=1, heads=2, log_every=1),
+        log=lambda *_: None,
+    )
     assert record["steps_done"] == 2 and (tmp_path / "train_log.json").is_file()
     assert load_model(tmp_path).config.num_hidden_layers == 1
 
@@ -235,7 +258,7 @@ def test_learn2pd_eotp_reaches_the_readme_accuracy_and_nfe(lm, shipped_filter):
         chunk = [e for e in examples if e.task == task]
         prompts = encode_prompts(TOK, [e.prompt for e in chunk])
         res = diffusion_decode(lm, prompts, GEN_LEN, Learn2PDDecoder(shipped_filter, 0.9), eotp=True)
-        correct += sum(check(e, TOK.decode(g.tolist())) for e, g in zip(chunk, res.canvas[:, prompts.shape[1]:]))
+        correct += sum(check(e, TOK.decode(g.tolist())) for e, g in zip(chunk, res.canvas[:, prompts.shape[1] :]))
         nfe += int(res.nfe.sum())
     accuracy, mean_nfe = 100 * correct / len(examples), nfe / len(examples)
     assert accuracy >= README_ACCURACY - 1, f"accuracy {accuracy:.1f} % (README: {README_ACCURACY} %)"

@@ -1,6 +1,7 @@
 """The batched Engine: every greedy request returns exactly what plain greedy decoding of it alone returns, whatever
 shares its steps (arrivals, chunk sizes, drafters, prefix reuse, cancellations); sampling, stop strings, bad input,
 memory. Tiny in-process models with decisive heads (see conftest), so a mismatch is a bug, not a rounding tie."""
+
 from __future__ import annotations
 
 import functools
@@ -61,8 +62,9 @@ def run(eng, arrivals, cancels=()):
     while step <= max([a[0] for a in arrivals] + list(cancels.values()), default=0) or eng.has_work:
         for i, (at, prompt, max_new) in enumerate(arrivals):
             if at == step:
-                ids[i] = eng.add_request(prompt, max_new_tokens=max_new,
-                                         on_output=lambda o, i=i: outputs.setdefault(i, []).append(o))
+                ids[i] = eng.add_request(
+                    prompt, max_new_tokens=max_new, on_output=lambda o, i=i: outputs.setdefault(i, []).append(o)
+                )
         for i, at in cancels.items():
             if at == step and i in ids:
                 eng.cancel(ids[i])
@@ -76,11 +78,17 @@ request = st.tuples(st.integers(0, 6), st.integers(1, 30), st.integers(1, 20), s
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests=st.lists(request, min_size=1, max_size=5), drafter=st.sampled_from(DRAFTERS),
-       max_batch_tokens=st.sampled_from([1, 3, 8, 64]), prefix_cache=st.sampled_from([0, 64]),
-       cancel=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.integers(0, 8))), seed=st.integers(0, 10**6))
-def test_batch_greedy_equals_solo_greedy(target, draft, requests, drafter, max_batch_tokens, prefix_cache, cancel,
-                                         seed):
+@given(
+    requests=st.lists(request, min_size=1, max_size=5),
+    drafter=st.sampled_from(DRAFTERS),
+    max_batch_tokens=st.sampled_from([1, 3, 8, 64]),
+    prefix_cache=st.sampled_from([0, 64]),
+    cancel=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.integers(0, 8))),
+    seed=st.integers(0, 10**6),
+)
+def test_batch_greedy_equals_solo_greedy(
+    target, draft, requests, drafter, max_batch_tokens, prefix_cache, cancel, seed
+):
     gen = torch.Generator().manual_seed(seed)
     shared = torch.randint(4, 64, (20,), generator=gen).tolist()  # a common prefix, as a system prompt would be
     arrivals = []
@@ -95,7 +103,7 @@ def test_batch_greedy_equals_solo_greedy(target, draft, requests, drafter, max_b
         expected = solo(target, prompt, max_new)
         assert outputs[i][-1].finished and sum(o.finished for o in outputs[i]) == 1
         if outputs[i][-1].finish_reason == "cancelled":
-            assert got == expected[:len(got)], f"request {i} ({drafter}) diverged before its cancellation"
+            assert got == expected[: len(got)], f"request {i} ({drafter}) diverged before its cancellation"
         else:
             assert got == expected, f"request {i} ({drafter}, batch {max_batch_tokens}) differs from solo greedy"
     metrics = eng.metrics()
@@ -119,8 +127,9 @@ def test_seeded_sampling_in_a_batch_draws_plain_sampling_tokens(target, draft):
     for drafter in ("none", "prompt-lookup"):
         eng = engine(target, draft, drafter)
         batch = eng.generate_many(prompts, max_new_tokens=12, temperature=1.3, top_k=20, seed=7)
-        alone = [generate(target, p, drafter="none", max_new_tokens=12, temperature=1.3, top_k=20, seed=7)
-                 for p in prompts]
+        alone = [
+            generate(target, p, drafter="none", max_new_tokens=12, temperature=1.3, top_k=20, seed=7) for p in prompts
+        ]
         assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
     unseeded = engine(target, draft).generate_many([[9, 10, 11]] * 4, max_new_tokens=12, temperature=1.5)
     assert len({tuple(r.token_ids) for r in unseeded}) > 1  # a seed is drawn per request when none is given
@@ -148,25 +157,28 @@ def test_stop_strings_end_the_text_before_them(target, draft):
     stop = " ".join(words[2:4])
     result = eng.generate_many([prompt], max_new_tokens=20, raw=True, stop=[stop, "never-there"])[0]
     assert stop not in result.text and full.text.startswith(result.text)
-    assert result.text == full.text[:full.text.index(stop)]
+    assert result.text == full.text[: full.text.index(stop)]
     assert result.stats.stop_reason == "stop" and len(result.token_ids) < len(full.token_ids)
     streamed = "".join(o.text for o in eng.stream(eng.add_request(prompt, max_new_tokens=20, raw=True, stop=stop)))
     assert streamed == result.text
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(prompt=""), "empty"),
-    (dict(prompt=[]), "empty"),
-    (dict(prompt=[5] * 200), "context"),
-    (dict(prompt=[5, 10**6]), "vocabulary"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=2.5), "max_new_tokens"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_k=-3), "top_k"),
-    (dict(stop=[""]), "stop"),
-    (dict(seed="x"), "seed"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(prompt=""), "empty"),
+        (dict(prompt=[]), "empty"),
+        (dict(prompt=[5] * 200), "context"),
+        (dict(prompt=[5, 10**6]), "vocabulary"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=2.5), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-3), "top_k"),
+        (dict(stop=[""]), "stop"),
+        (dict(seed="x"), "seed"),
+    ],
+)
 def test_bad_requests_fail_alone(target, draft, bad, message):
     eng = engine(target, draft)
     good = eng.add_request([5, 6, 7], max_new_tokens=6)
@@ -197,7 +209,9 @@ def test_generate_many_takes_generates_arguments(target, draft):
     with pytest.raises(LeapDecodeError):
         Engine(target, max_batch_tokens=0)
     chat = [{"role": "user", "content": "hello world"}]
-    assert eng.generate_many([chat], max_new_tokens=5)[0].token_ids == generate(target, chat, max_new_tokens=5).token_ids
+    assert (
+        eng.generate_many([chat], max_new_tokens=5)[0].token_ids == generate(target, chat, max_new_tokens=5).token_ids
+    )
 
 
 def test_planner_for_one_sequence_is_the_single_request_rule():
@@ -207,7 +221,7 @@ def test_planner_for_one_sequence_is_the_single_request_rule():
     for acceptance in (0.1, 0.5, 0.8, 0.95):
         c = DraftLengthController(k_max=16, costs=costs)
         c.accepted, c.rejected = acceptance * 100, (1 - acceptance) * 100
-        brute = max(range(17), key=lambda k: (sum(c.acceptance ** j for j in range(k + 1)) / costs(k + 1), -k))
+        brute = max(range(17), key=lambda k: (sum(c.acceptance**j for j in range(k + 1)) / costs(k + 1), -k))
         assert c.best_k() == brute
 
 

@@ -2,6 +2,7 @@
 each with its own drafter state, against each request decoded alone by plain greedy decoding. A difference is
 allowed only where the target's top-2 logits at the first differing token are within 1e-3 (batch-shape rounding
 of a near-tie); anything else is a bug."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,8 +43,10 @@ def test_engine_batch_equals_solo_greedy_on_smollm2(smollm, solo, drafter):
     for prompt, expected, got in zip(PROMPTS, solo, results):
         if got.token_ids == expected:
             continue
-        at = next((i for i, (a, b) in enumerate(zip(expected, got.token_ids)) if a != b),
-                  min(len(expected), len(got.token_ids)))
+        at = next(
+            (i for i, (a, b) in enumerate(zip(expected, got.token_ids)) if a != b),
+            min(len(expected), len(got.token_ids)),
+        )
         margin = top2_margin(smollm, prompt, expected[:at])
         assert margin < TIE, f"{drafter}: differs from solo greedy at token {at} where the top-2 margin is {margin}"
     assert engine.metrics()["kv_bytes"] == 0

@@ -1,5 +1,6 @@
 """Draft heads: training learns the target's continuations, checkpoints round-trip, bad input gets a clear error.
 (Losslessness of the head drafter is part of the property test in test_lossless.py.)"""
+
 from __future__ import annotations
 
 import pytest
@@ -39,9 +40,16 @@ def test_training_learns_the_targets_continuations(target):
 def test_head_drafts_are_accepted_in_decoding(target):
     head, _ = tiny_head(target, trained=True)
     prompt = greedy_records(target, 1, seed=123)[0]["prompt_ids"]
-    out, stats = decode(Runner(target), prompt, make_drafter("head", head=head), sampling=SamplingConfig(),
-                        controller=DraftLengthController(k_init=3, adaptive=False), max_new_tokens=30, eos_ids=set(),
-                        context_length=512)
+    out, stats = decode(
+        Runner(target),
+        prompt,
+        make_drafter("head", head=head),
+        sampling=SamplingConfig(),
+        controller=DraftLengthController(k_init=3, adaptive=False),
+        max_new_tokens=30,
+        eos_ids=set(),
+        context_length=512,
+    )
     assert len(out) == 30 and stats.accepted_draft_tokens > 0 and stats.forward_passes < 30
 
 
@@ -88,7 +96,7 @@ def test_head_also_scores_the_requests_own_tokens(target):
     from leapdecode.heads.model import DraftHead, HeadConfig
 
     config = HeadConfig(hidden_size=64, intermediate_size=32, target_vocab_size=96, target="tiny")
-    head = DraftHead(config, torch.arange(0, 96, 2)).attach(target)   # trained on even tokens only
+    head = DraftHead(config, torch.arange(0, 96, 2)).attach(target)  # trained on even tokens only
     drafter = HeadDrafter(head)
     drafter.start([7, 9, 11, 8], None)
     drafter.observe([7, 9, 11, 8, 13], 1)
@@ -111,8 +119,10 @@ def test_cli_rejects_nonsense_before_loading_anything(tmp_path, capsys):
     assert main(["heads", "train", "--out", str(tmp_path), "--epochs", "0"]) == 2
     assert main(["generate", "hi", "--drafter", "ngram", "--head", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["leapdecode: error: --vocab, --depth, --epochs, --batch-size and --lr must be positive",
-                   "leapdecode: error: --head goes with --drafter head"]
+    assert err == [
+        "leapdecode: error: --vocab, --depth, --epochs, --batch-size and --lr must be positive",
+        "leapdecode: error: --head goes with --drafter head",
+    ]
 
 
 def test_questions_the_target_writes_become_prompts():
@@ -120,8 +130,10 @@ def test_questions_the_target_writes_become_prompts():
 
     from leapdecode.heads.prompts import SUBJECTS, question_requests, subject_round, written_question
 
-    assert written_question('A curious student might ask: "What is the difference between a hawk and an owl?"') == \
-        "What is the difference between a hawk and an owl?"
+    assert (
+        written_question('A curious student might ask: "What is the difference between a hawk and an owl?"')
+        == "What is the difference between a hawk and an owl?"
+    )
     assert written_question("Why do people enjoy picnics?\nThey are fun.") == "Why do people enjoy picnics?"
     for unusable in ["Why atoms?", "How to make a wooden chair.", "Why would a child ask about backups?", "", "  "]:
         assert written_question(unusable) is None, unusable
@@ -138,8 +150,9 @@ def test_open_round_samples_questions_reproducibly(tmp_path):
     from leapdecode.heads.prompts import AREAS, OPEN_REQUESTS, open_question_requests
 
     requests = open_question_requests(3)
-    assert len(requests) == 3 * len(AREAS) * len(OPEN_REQUESTS) and len({r[0]["content"] for r in requests}) == \
-        len(AREAS) * len(OPEN_REQUESTS)
+    assert len(requests) == 3 * len(AREAS) * len(OPEN_REQUESTS) and len({r[0]["content"] for r in requests}) == len(
+        AREAS
+    ) * len(OPEN_REQUESTS)
     path = make_tiny_hf_dir(tmp_path)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     chats = [[{"role": "user", "content": "hello world"}]] * 6

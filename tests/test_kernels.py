@@ -1,5 +1,6 @@
 """Kernel choice: every linear path gives the same greedy tokens, calibration picks the fastest path per shape and
 row count and caches it per host, and missing or failing oneDNN ops fall back to F.linear with a one-line notice."""
+
 import logging
 
 import pytest
@@ -37,8 +38,12 @@ def test_every_kernel_path_gives_the_same_greedy_tokens(arch):
     model = tiny_model(arch, seed=11, vocab=97)
     prompt = torch.randint(0, 97, (7,), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.no_grad():
-        reference = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
-                                   attention_mask=torch.ones(1, 7, dtype=torch.long))[0, 7:].tolist()
+        reference = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=12,
+            do_sample=False,
+            attention_mask=torch.ones(1, 7, dtype=torch.long),
+        )[0, 7:].tolist()
     seen = set()
     for linear in kernels.MODES:
         for argmax_head in ("off", "on"):
@@ -53,18 +58,33 @@ def test_every_kernel_path_gives_the_same_greedy_tokens(arch):
 
 
 def test_plan_takes_the_fastest_path_at_the_nearest_bucket_and_prefers_f_linear_on_near_ties():
-    linear = {"buckets": [1, 4, 16], "ms": {"hf": [1.0, 2.0, 3.0], "packed": [0.5, 1.99, None],
-                                            "packed-pad": [0.4, None, None]}}
+    linear = {
+        "buckets": [1, 4, 16],
+        "ms": {"hf": [1.0, 2.0, 3.0], "packed": [0.5, 1.99, None], "packed-pad": [0.4, None, None]},
+    }
     plan = Plan(linear)
     assert [plan.linear(r) for r in (1, 2, 3, 4, 9, 10, 16, 500)] == [
-        "packed-pad", "packed-pad", "hf", "hf", "hf", "hf", "hf", "hf"]  # 1.99 is within the margin of 2.0
+        "packed-pad",
+        "packed-pad",
+        "hf",
+        "hf",
+        "hf",
+        "hf",
+        "hf",
+        "hf",
+    ]  # 1.99 is within the margin of 2.0
     assert plan.ranges() == [(1, 2, "packed-pad"), (3, 16, "hf")]
-    argmax = {"buckets": [1, 4, 16],
-              "ms": {"argmax-bf16-packed": [0.3, 2.5, None], "argmax-bf16-linear": [0.2, 3.0, 9]}}
+    argmax = {
+        "buckets": [1, 4, 16],
+        "ms": {"argmax-bf16-packed": [0.3, 2.5, None], "argmax-bf16-linear": [0.2, 3.0, 9]},
+    }
     plan = Plan(linear, argmax)
     assert [plan.argmax(r) for r in (1, 4, 16)] == ["argmax-bf16-linear", "hf", "hf"]
-    assert [plan.argmax_variant(r) for r in (1, 4, 16)] == ["argmax-bf16-linear", "argmax-bf16-packed",
-                                                            "argmax-bf16-linear"]
+    assert [plan.argmax_variant(r) for r in (1, 4, 16)] == [
+        "argmax-bf16-linear",
+        "argmax-bf16-packed",
+        "argmax-bf16-linear",
+    ]
     assert plan.linear(0) == "packed-pad"  # an empty call still finds a bucket
     coarse = Plan(linear, {"buckets": [1, 16], "ms": {"argmax-bf16-linear": [0.2, 1.0]}})  # fewer row counts timed
     assert [coarse.argmax(r) for r in (1, 4, 16)] == ["argmax-bf16-linear", "argmax-bf16-linear", "argmax-bf16-linear"]
@@ -86,16 +106,16 @@ def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, m
     measured = []
     real = calibrate._measure
     monkeypatch.setattr(calibrate, "_measure", lambda *a: measured.append(a[0][0].shape) or real(*a))
-    calibrate.forget()                                   # a new process: plans come from the disk cache
+    calibrate.forget()  # a new process: plans come from the disk cache
     Runner(tiny_model("llama", seed=13, vocab=97))
     assert measured == []
     threads = torch.get_num_threads()
-    torch.set_num_threads(threads + 1)                   # another thread count is another host key
+    torch.set_num_threads(threads + 1)  # another thread count is another host key
     try:
         Runner(tiny_model("llama", seed=13, vocab=97))
     finally:
         torch.set_num_threads(threads)
-    assert len(measured) == len(shapes) + 1              # every shape, and the head's argmax variants
+    assert len(measured) == len(shapes) + 1  # every shape, and the head's argmax variants
 
 
 def test_timings_from_a_busy_machine_serve_the_process_but_are_not_cached(monkeypatch):
@@ -106,7 +126,7 @@ def test_timings_from_a_busy_machine_serve_the_process_but_are_not_cached(monkey
     assert "busy machine" in kernels.describe_kernels(model)[0]
     assert not kernels.cache_file().exists()
     monkeypatch.setattr(calibrate, "_quiet", lambda: True)
-    Runner(tiny_model("llama", seed=14, vocab=101))         # quiet now: only its new output head shape is measured
+    Runner(tiny_model("llama", seed=14, vocab=101))  # quiet now: only its new output head shape is measured
     import json
 
     cached = json.loads(kernels.cache_file().read_text())
@@ -153,7 +173,7 @@ def test_broken_mkldnn_ops_fall_back_to_f_linear_with_a_one_line_notice(monkeypa
 
 
 def test_a_packed_call_failing_at_run_time_falls_back_for_that_layer(monkeypatch, caplog):
-    assert kernels.packed_ops()                           # the check passed; later calls break
+    assert kernels.packed_ops()  # the check passed; later calls break
     model = tiny_model("llama", seed=17, vocab=97)
     ids = torch.randint(0, 97, (9,)).tolist()
     with torch.inference_mode():

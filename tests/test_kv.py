@@ -1,6 +1,7 @@
 """KV presses: budget 1.0 is exact, every press keeps the entries it promises, memory accounting matches tensor
 sizes, FastKV's own layer loop agrees with the model, and speculative decoding over a compressed cache emits exactly
 the compressed cache's plain greedy output."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,9 +33,16 @@ def prompt(seed: int, n: int = PROMPT_LEN) -> list[int]:
 
 def run(model, ids, press=None, drafter="none", k=4, max_new=24, **options):
     runner = Runner(model, press=press)
-    out, _ = decode(runner, ids, make_drafter(drafter, **options), sampling=SamplingConfig(),
-                    controller=DraftLengthController(k_init=k, k_max=8, adaptive=True), max_new_tokens=max_new,
-                    eos_ids=set(), context_length=512)
+    out, _ = decode(
+        runner,
+        ids,
+        make_drafter(drafter, **options),
+        sampling=SamplingConfig(),
+        controller=DraftLengthController(k_init=k, k_max=8, adaptive=True),
+        max_new_tokens=max_new,
+        eos_ids=set(),
+        context_length=512,
+    )
     return out, runner
 
 
@@ -145,9 +153,13 @@ def test_quantized_accounting_and_error(models, bits, tolerance):
     config = model.config
     heads, dim, n = config.num_key_value_heads, config.hidden_size // config.num_attention_heads, len(ids)
     quantized = n // 16 * 16
-    expected = (heads * quantized * dim * bits // 8 + 2 * 4 * heads * (quantized // 16) * dim  # key codes, scale+min
-                + heads * quantized * dim * bits // 8 + 2 * 4 * heads * quantized                # value codes, scale+min
-                + 2 * heads * (n - quantized) * dim * 4)                                         # fp32 tail
+    expected = (
+        heads * quantized * dim * bits // 8
+        + 2 * 4 * heads * (quantized // 16) * dim  # key codes, scale+min
+        + heads * quantized * dim * bits // 8
+        + 2 * 4 * heads * quantized  # value codes, scale+min
+        + 2 * heads * (n - quantized) * dim * 4
+    )  # fp32 tail
     assert kv_bytes(runner.cache) == config.num_hidden_layers * expected
     assert runner.cache_length == n == press.kept(n)
     for a, b in zip(full.cache.layers, runner.cache.layers):
@@ -177,8 +189,9 @@ CASES = [("prompt-lookup", {"max_ngram": 2}), ("draft-model", "noisy"), ("draft-
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name,budget", [("streaming-llm", 0.3), ("snapkv", 0.3), ("fastkv", 0.3),
-                                         ("quantized", 0.25), ("quantized", 0.5)])
+@pytest.mark.parametrize(
+    "name,budget", [("streaming-llm", 0.3), ("snapkv", 0.3), ("fastkv", 0.3), ("quantized", 0.25), ("quantized", 0.5)]
+)
 def test_drafters_over_compressed_cache_are_lossless(models, arch, name, budget):
     model = models[arch]
     ids = prompt(8, 60) + prompt(9, 12) * 5  # repeats, so that prompt lookup finds drafts
@@ -245,29 +258,68 @@ def test_bench_summary_report_and_targets(tmp_path):
     from leapdecode.kv.report import write
     from leapdecode.report_kit import environment as machine
 
-    assert parse_press("fastkv:tsp_layer=9:tsp_rate=0.1") == ("fastkv:tsp_layer=9:tsp_rate=0.1", "fastkv",
-                                                             {"tsp_layer": 9, "tsp_rate": 0.1})
+    assert parse_press("fastkv:tsp_layer=9:tsp_rate=0.1") == (
+        "fastkv:tsp_layer=9:tsp_rate=0.1",
+        "fastkv",
+        {"tsp_layer": 9, "tsp_rate": 0.1},
+    )
     records = []
     for sample, kind in enumerate(["needle", "needle", "document"]):
         common = {"length": 4096, "sample": sample, "kind": kind, "depth": 0.5, "tokens": 4090, "full_kv_bytes": 1000}
-        quality = ({"correct": True, "decode_s": 1.0, "decode_cpu_s": 2.0, "decode_tokens": 7} if kind == "needle"
-                   else {"agreement": 1.0, "identical_prefix": 1.0})
-        records.append({**common, "press": "full", "budget": 1.0, "prefill_s": 10.0, "prefill_cpu_s": 20.0,
-                        "kv_bytes": 1000, **quality})
-        quality = ({"correct": sample == 0, "decode_s": 0.5, "decode_cpu_s": 1.6, "decode_tokens": 7}
-                   if kind == "needle" else {"agreement": 0.75, "identical_prefix": 0.5})
-        records.append({**common, "press": "fastkv", "budget": 0.25, "prefill_s": 5.0, "prefill_cpu_s": 16.0,
-                        "kv_bytes": 250, **quality})
+        quality = (
+            {"correct": True, "decode_s": 1.0, "decode_cpu_s": 2.0, "decode_tokens": 7}
+            if kind == "needle"
+            else {"agreement": 1.0, "identical_prefix": 1.0}
+        )
+        records.append(
+            {
+                **common,
+                "press": "full",
+                "budget": 1.0,
+                "prefill_s": 10.0,
+                "prefill_cpu_s": 20.0,
+                "kv_bytes": 1000,
+                **quality,
+            }
+        )
+        quality = (
+            {"correct": sample == 0, "decode_s": 0.5, "decode_cpu_s": 1.6, "decode_tokens": 7}
+            if kind == "needle"
+            else {"agreement": 0.75, "identical_prefix": 0.5}
+        )
+        records.append(
+            {
+                **common,
+                "press": "fastkv",
+                "budget": 0.25,
+                "prefill_s": 5.0,
+                "prefill_cpu_s": 16.0,
+                "kv_bytes": 250,
+                **quality,
+            }
+        )
     summary = summarize(records)
     fast = next(s for s in summary if s["press"] == "fastkv")
     assert fast["prefill_speedup"] == 2.0 and fast["decode_speedup"] == 2.0 and fast["kv_fraction"] == 0.25
     assert fast["prefill_cpu_speedup"] == 1.25 and fast["decode_cpu_speedup"] == 1.25
     assert fast["needle_accuracy"] == 0.5 and fast["agreement"] == 0.75 and fast["decode_tok_s"] == 14.0
-    assert check_targets(summary) == [{"press": "fastkv", "budget": 0.25, "prefill": True, "prefill_cpu": False,
-                                       "memory": True, "accuracy": False}]
-    result = {"settings": {"budgets": [0.25], "needles": 2, "documents": 1, "answer_tokens": 8, "continuation": 32,
-                           "dtype": "float32"}, "machine": machine(), "model": "tiny", "records": records,
-              "summary": summary}
+    assert check_targets(summary) == [
+        {"press": "fastkv", "budget": 0.25, "prefill": True, "prefill_cpu": False, "memory": True, "accuracy": False}
+    ]
+    result = {
+        "settings": {
+            "budgets": [0.25],
+            "needles": 2,
+            "documents": 1,
+            "answer_tokens": 8,
+            "continuation": 32,
+            "dtype": "float32",
+        },
+        "machine": machine(),
+        "model": "tiny",
+        "records": records,
+        "summary": summary,
+    }
     paths = write(result, tmp_path)
     assert [p.name for p in paths] == ["results.json", "report.md", "kv_4096.png"]
     assert "| fastkv | 0.25 |" in (tmp_path / "report.md").read_text()
@@ -278,7 +330,10 @@ def test_bench_cli_rejects_unknown_press(capsys):
 
     assert main(["bench-kv", "--presses", "snapkv,h2o", "--out", "unused"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "leapdecode: error: unknown KV press 'h2o'; choose from: streaming-llm, snapkv, quantized, fastkv"
+    assert (
+        err.strip()
+        == "leapdecode: error: unknown KV press 'h2o'; choose from: streaming-llm, snapkv, quantized, fastkv"
+    )
 
 
 def test_needle_prompt_hides_the_fact_at_its_depth():
@@ -317,7 +372,8 @@ def propagated_positions(model, ids, press) -> list[int]:
     """Positions that reach the layer after the TSP layer (layer 1), read from that layer's inputs."""
     seen = []
     hook = model.model.layers[1].register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(kwargs["position_ids"][0].tolist()), with_kwargs=True)
+        lambda module, args, kwargs: seen.append(kwargs["position_ids"][0].tolist()), with_kwargs=True
+    )
     try:
         Runner(model, press=press).prefill(ids)
     finally:
@@ -343,8 +399,11 @@ def test_fastkv_propagates_the_tokens_the_window_attends_to(monkeypatch):
     real = fastkv.select_top
 
     def random_tsp(scores, keep, window):  # negative control: TSP keeps random tokens
-        return real(torch.rand(scores.shape, generator=torch.Generator().manual_seed(0)), keep, window) \
-            if scores.dim() == 1 else real(scores, keep, window)
+        return (
+            real(torch.rand(scores.shape, generator=torch.Generator().manual_seed(0)), keep, window)
+            if scores.dim() == 1
+            else real(scores, keep, window)
+        )
 
     monkeypatch.setattr(fastkv, "select_top", random_tsp)
     assert propagated_positions(model, ids, press) != expected

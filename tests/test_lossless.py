@@ -1,4 +1,5 @@
 """Losslessness: greedy speculative decoding emits exactly the tokens of plain greedy decoding (HF `generate`)."""
+
 from __future__ import annotations
 
 import copy
@@ -40,9 +41,15 @@ def models():
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
     with torch.no_grad():
         ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=eos, pad_token_id=0)
-    tokens = out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+        )
+    tokens = out[0, len(prompt) :].tolist()
     if eos is not None and eos in tokens:
         tokens = tokens[: tokens.index(eos) + 1]
     return tokens
@@ -59,15 +66,21 @@ def prompts(draw):
 
 def run_property(models, arch, data):
     prompt = data.draw(prompts(), label="prompt")
-    drafter_name = data.draw(st.sampled_from(["none", "prompt-lookup", "ngram", "draft-model", "head"]), label="drafter")
+    drafter_name = data.draw(
+        st.sampled_from(["none", "prompt-lookup", "ngram", "draft-model", "head"]), label="drafter"
+    )
     k = data.draw(st.integers(1, 8), label="k")
     adaptive = data.draw(st.booleans(), label="adaptive")
     max_new = data.draw(st.integers(1, 40), label="max_new_tokens")
     target = models[arch]["target"]
     reference = hf_greedy(target, prompt, max_new, None)
     eos_choice = data.draw(st.sampled_from(["none", "inside", "first", "absent"]), label="eos")
-    eos = {"none": None, "inside": reference[len(reference) // 2], "first": reference[0],
-           "absent": next(t for t in range(VOCAB) if t not in reference)}[eos_choice]
+    eos = {
+        "none": None,
+        "inside": reference[len(reference) // 2],
+        "first": reference[0],
+        "absent": next(t for t in range(VOCAB) if t not in reference),
+    }[eos_choice]
     if eos is not None:
         reference = hf_greedy(target, prompt, max_new, eos)
     options = {}
@@ -77,15 +90,24 @@ def run_property(models, arch, data):
     elif drafter_name == "prompt-lookup":
         options = {"max_ngram": data.draw(st.integers(1, 4), label="max_ngram")}
     elif drafter_name == "head":
-        options = {"head": models[arch]["heads"][data.draw(st.sampled_from(["trained", "random"]), label="head")],
-                   "lookup_ngram": data.draw(st.integers(0, 3), label="lookup_ngram"),
-                   "confidence": data.draw(st.sampled_from([0.0, 0.1, 0.5]), label="confidence")}
+        options = {
+            "head": models[arch]["heads"][data.draw(st.sampled_from(["trained", "random"]), label="head")],
+            "lookup_ngram": data.draw(st.integers(0, 3), label="lookup_ngram"),
+            "confidence": data.draw(st.sampled_from([0.0, 0.1, 0.5]), label="confidence"),
+        }
     elif drafter_name == "ngram":
         options = {"store_key": f"test-{arch}"}
     drafter = make_drafter(drafter_name, **options)
-    out, stats = decode(Runner(target), prompt, drafter, sampling=SamplingConfig(),
-                        controller=DraftLengthController(k_init=k, k_max=max(k, 8), adaptive=adaptive),
-                        max_new_tokens=max_new, eos_ids=set() if eos is None else {eos}, context_length=512)
+    out, stats = decode(
+        Runner(target),
+        prompt,
+        drafter,
+        sampling=SamplingConfig(),
+        controller=DraftLengthController(k_init=k, k_max=max(k, 8), adaptive=adaptive),
+        max_new_tokens=max_new,
+        eos_ids=set() if eos is None else {eos},
+        context_length=512,
+    )
     assert out == reference, f"{drafter_name} diverged from plain greedy"
     assert stats.new_tokens == len(out)
     assert sum(stats.accepted_per_step) == len(out)
@@ -105,9 +127,16 @@ def test_self_drafting_is_accepted_in_long_runs(models):
     rightly stop drafting (its choices are tested with synthetic timings in test_controller.py)."""
     target = models["llama"]["target"]
     drafter = make_drafter("draft-model", draft_model=target, confidence=0.0)
-    out, stats = decode(Runner(target), [3, 1, 4, 1, 5], drafter, sampling=SamplingConfig(),
-                        controller=DraftLengthController(k_init=4, adaptive=False), max_new_tokens=40, eos_ids=set(),
-                        context_length=512)
+    out, stats = decode(
+        Runner(target),
+        [3, 1, 4, 1, 5],
+        drafter,
+        sampling=SamplingConfig(),
+        controller=DraftLengthController(k_init=4, adaptive=False),
+        max_new_tokens=40,
+        eos_ids=set(),
+        context_length=512,
+    )
     assert out == hf_greedy(target, [3, 1, 4, 1, 5], 40, None)
     assert stats.forward_passes <= 10
     assert stats.acceptance_rate == 1.0
@@ -116,8 +145,16 @@ def test_self_drafting_is_accepted_in_long_runs(models):
 def test_context_limit_stops_generation(models):
     target = models["qwen2"]["target"]
     prompt = list(range(20))
-    out, stats = decode(Runner(target), prompt, make_drafter("prompt-lookup"), sampling=SamplingConfig(),
-                        controller=DraftLengthController(), max_new_tokens=100, eos_ids=set(), context_length=32)
+    out, stats = decode(
+        Runner(target),
+        prompt,
+        make_drafter("prompt-lookup"),
+        sampling=SamplingConfig(),
+        controller=DraftLengthController(),
+        max_new_tokens=100,
+        eos_ids=set(),
+        context_length=32,
+    )
     assert len(prompt) + len(out) == 32
     assert stats.stop_reason == "context"
     assert out == hf_greedy(target, prompt, 12, None)
@@ -132,7 +169,7 @@ def test_context_limit_stops_generation(models):
 # is a few hundred u of the logit scale at most; we allow TIE_BOUND = 2^-14 (1024 u) of max |logit| in that row. A
 # real verification bug makes the first differing token one whose logit is a typical gap (orders of magnitude above
 # that) below the argmax, so it cannot hide under the bound.
-TIE_BOUND = 2.0 ** -14
+TIE_BOUND = 2.0**-14
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +178,12 @@ def undecided():
     out = {}
     for i, arch in enumerate(ARCHS):
         target = tiny_model(arch, seed=50 + i, head_scale=1.0)
-        out[arch] = {"target": target, "noisy": noisy_copy(target, seed=60 + i, noise=0.3),
-                     "independent": tiny_model(arch, seed=70 + i, head_scale=1.0),
-                     "int8": quantize_int8(noisy_copy(target, seed=80 + i, noise=0.1))}
+        out[arch] = {
+            "target": target,
+            "noisy": noisy_copy(target, seed=60 + i, noise=0.3),
+            "independent": tiny_model(arch, seed=70 + i, head_scale=1.0),
+            "int8": quantize_int8(noisy_copy(target, seed=80 + i, noise=0.1)),
+        }
     return out
 
 
@@ -160,8 +200,9 @@ def unexplained_difference(model, prompt: list[int], out: list[int], reference: 
     margin, scale = float(row[reference[j]] - row[out[j]]), float(row.abs().max())
     if abs(margin) <= TIE_BOUND * scale:
         return None
-    return (f"position {j}: {out[j]} instead of {reference[j]}, logit margin {margin:.3g} > bound "
-            f"{TIE_BOUND * scale:.3g}")
+    return (
+        f"position {j}: {out[j]} instead of {reference[j]}, logit margin {margin:.3g} > bound {TIE_BOUND * scale:.3g}"
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -179,9 +220,16 @@ def test_greedy_on_undecided_models_differs_from_hf_only_at_near_ties(undecided,
     if name == "draft-model":
         kind = data.draw(st.sampled_from(["noisy", "independent", "int8"]), label="draft")
         options = {"draft_model": undecided[arch][kind], "confidence": 0.0}
-    out, _ = decode(Runner(target), prompt, make_drafter(name, **options), sampling=SamplingConfig(),
-                    controller=DraftLengthController(k_init=k, k_max=8, adaptive=data.draw(st.booleans())),
-                    max_new_tokens=max_new, eos_ids=set(), context_length=512)
+    out, _ = decode(
+        Runner(target),
+        prompt,
+        make_drafter(name, **options),
+        sampling=SamplingConfig(),
+        controller=DraftLengthController(k_init=k, k_max=8, adaptive=data.draw(st.booleans())),
+        max_new_tokens=max_new,
+        eos_ids=set(),
+        context_length=512,
+    )
     problem = unexplained_difference(target, prompt, out, hf_greedy(target, prompt, max_new, None))
     assert problem is None, f"{name} diverged from HF greedy beyond a near-tie: {problem}"
 
@@ -193,7 +241,7 @@ def test_near_tie_check_rejects_a_decisive_difference(undecided):
     prompt = [5, 6, 7, 5, 6]
     reference = hf_greedy(target, prompt, 12, None)
     with torch.no_grad():
-        rows = target(torch.tensor([prompt + reference])).logits[0, len(prompt) - 1:-1]
+        rows = target(torch.tensor([prompt + reference])).logits[0, len(prompt) - 1 : -1]
     top2 = rows.topk(2)
     j = int(((top2.values[:, 0] - top2.values[:, 1]) / rows.abs().amax(-1)).argmax())
     swapped = reference[:j] + [int(top2.indices[j, 1])]

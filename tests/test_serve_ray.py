@@ -1,6 +1,7 @@
 """The Ray Serve deployment (leapdecode.serve.ray_app): a local Ray with 2 replicas of 1 thread each behind one
 OpenAI-compatible route; requests are answered by both replicas, with the same greedy output as plain decoding.
 Skipped where Ray Serve is not installed (`pip install 'leapdecode[ray]'`)."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -28,8 +29,12 @@ def ray_server(tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(model_dir, replicas=2, threads=1, served_model_name="tiny",
-                            engine_options={"drafter": "prompt-lookup"}), route_prefix="/")
+        serve.run(
+            build_app(
+                model_dir, replicas=2, threads=1, served_model_name="tiny", engine_options={"drafter": "prompt-lookup"}
+            ),
+            route_prefix="/",
+        )
         yield f"http://127.0.0.1:{port}", model_dir
     finally:
         serve.shutdown()
@@ -43,8 +48,16 @@ def test_two_replicas_serve_one_route(ray_server):
     expected = {p: generate(target, p, drafter="none", max_new_tokens=12).text for p in prompts}
 
     def ask(prompt):
-        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
-            "model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "temperature": 0})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 12,
+                "temperature": 0,
+            },
+        )
         assert r.status_code == 200, r.text
         return prompt, r.json()["choices"][0]["message"]["content"], r.headers["x-leapdecode-instance"]
 
@@ -54,8 +67,11 @@ def test_two_replicas_serve_one_route(ray_server):
     assert len({instance for _, _, instance in answers}) == 2  # both replicas answered
     # the official client, streaming, through Ray's proxy
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompts[0]}],
-                                                 max_tokens=12, temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": prompts[0]}], max_tokens=12, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected[prompts[0]]
     bad = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": []}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"

@@ -5,6 +5,7 @@ solo greedy decode; every bad one an OpenAI-style JSON error with a 4xx status a
 stays up, and afterwards no request runs, no KV is held, and the process's memory is within 10 % of its size before.
 
 Also a documented command: `pytest tests/test_serve_soak.py -m slow -s` prints the soak's summary line."""
+
 from __future__ import annotations
 
 import asyncio
@@ -61,10 +62,34 @@ def live(tmp_path_factory):
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log = open(tmp_path_factory.mktemp("soak-log") / "server.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "leapdecode.cli", "serve", "--model", model_dir, "--port", str(port),
-                             "--served-model-name", "tiny", "--drafter", "prompt-lookup", "--api-key", KEY,
-                             "--threads", "1", "--max-sequences", "32", "--log-level", "warning"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "leapdecode.cli",
+            "serve",
+            "--model",
+            model_dir,
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--drafter",
+            "prompt-lookup",
+            "--api-key",
+            KEY,
+            "--threads",
+            "1",
+            "--max-sequences",
+            "32",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while True:
@@ -104,7 +129,7 @@ def bad_requests(url: str) -> list[tuple[str, dict, bytes, int]]:
         ("invalid json", auth, b'{"model": "tiny", "messages": [', 400),
         ("unknown model", auth, body(model="gpt-9"), 404),
         ("negative max_tokens", auth, body(max_tokens=-1), 400),
-        ("huge max_tokens", auth, body(max_tokens=10 ** 12), 400),
+        ("huge max_tokens", auth, body(max_tokens=10**12), 400),
         ("temperature < 0", auth, body(temperature=-0.1), 400),
         ("prompt beyond context", auth, body(messages=[{"role": "user", "content": " ".join(["w3"] * 400)}]), 400),
         ("empty messages", auth, body(messages=[]), 400),
@@ -158,8 +183,12 @@ async def soak(url: str, refs: dict) -> dict:
             r = await raw.post(url + path, content=content, headers=headers)
         try:
             err = r.json()["error"]
-            shaped = (set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
-                      and err["message"] and "\n" not in err["message"])
+            shaped = (
+                set(err) == {"message", "type", "param", "code"}
+                and err["type"] == "invalid_request_error"
+                and err["message"]
+                and "\n" not in err["message"]
+            )
         except (ValueError, KeyError, TypeError):
             shaped = False
         if r.status_code == status and shaped:
@@ -196,8 +225,12 @@ def test_soak(live):
     deadline = time.monotonic() + 30
     while True:
         m = scrape(url)
-        idle = (m["vllm:num_requests_running"], m["vllm:num_requests_waiting"], m["leapdecode:kv_cache_tokens"],
-                m["leapdecode:kv_cache_bytes"])
+        idle = (
+            m["vllm:num_requests_running"],
+            m["vllm:num_requests_waiting"],
+            m["leapdecode:kv_cache_tokens"],
+            m["leapdecode:kv_cache_bytes"],
+        )
         if idle == (0, 0, 0, 0) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -208,15 +241,25 @@ def test_soak(live):
     assert 1 <= aborts <= GOOD // DROP_EVERY
     after = rss_bytes(proc.pid)
     assert abs(after - before) <= 0.10 * before, (before, after)
-    print(f"\nsoak: {result['ok']} completed identical to solo greedy, {result['dropped']} dropped mid-stream, "
-          f"({aborts:.0f} cancelled in the engine), {result['bad_ok']} malformed answered 4xx, {elapsed:.1f} s; after: running 0, KV 0 tokens; "
-          f"RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB")
+    print(
+        f"\nsoak: {result['ok']} completed identical to solo greedy, {result['dropped']} dropped mid-stream, "
+        f"({aborts:.0f} cancelled in the engine), {result['bad_ok']} malformed answered 4xx, {elapsed:.1f} s; after: running 0, KV 0 tokens; "
+        f"RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB"
+    )
 
 
 async def _warm(url: str) -> int:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300)
-    rs = await asyncio.gather(*(client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], max_tokens=MAX_TOKENS,
-        temperature=0) for i in range(64)))
+    rs = await asyncio.gather(
+        *(
+            client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+            )
+            for i in range(64)
+        )
+    )
     await client.close()
     return len(rs)

@@ -1,6 +1,7 @@
 """The built-in benchmark suites: the shape of the 13-category dev / heldout splits, the generator that writes them,
 combined runs reported split by split, and the hold-out guarantee (nothing the draft-head training pipeline can draw
 from contains held-out text, and no module it imports reaches the held-out texts)."""
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,21 @@ from leapdecode.bench.splits import split_groups, split_section
 from leapdecode.bench.suites import SUITE_DIR, load_suite, split_of
 from leapdecode.errors import LeapDecodeError
 
-CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
-              "translation", "summarization", "qa", "math_reasoning", "rag"]
+CATEGORIES = [
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+    "translation",
+    "summarization",
+    "qa",
+    "math_reasoning",
+    "rag",
+]
 PACKAGE = pathlib.Path(leapdecode.__file__).parent
 N = 8  # words: a shared n-gram this long is copied text, not a common phrase
 LABEL_WORDS = 3  # texts this short are labels (category keys, language names, passage titles), not question text
@@ -112,14 +126,14 @@ def _words(text: str) -> list[str]:
 def _leaks(held: list[str], pool: list[str]) -> list[str]:
     """Held-out texts with an N-word run (or, if shorter but more than a label, the whole text) found in the pool."""
     pool_words = " " + " ".join(w for text in pool for w in _words(text) + ["|"]) + " "
-    grams = {tuple(ws[i:i + N]) for text in pool for ws in [_words(text)] for i in range(len(ws) - N + 1)}
+    grams = {tuple(ws[i : i + N]) for text in pool for ws in [_words(text)] for i in range(len(ws) - N + 1)}
     out = []
     for text in held:
         ws = _words(text)
         if len(ws) < N:
             if len(ws) > LABEL_WORDS and f" {' '.join(ws)} " in pool_words:
                 out.append(text)
-        elif any(tuple(ws[i:i + N]) in grams for i in range(len(ws) - N + 1)):
+        elif any(tuple(ws[i : i + N]) in grams for i in range(len(ws) - N + 1)):
             out.append(text)
     return out
 
@@ -137,19 +151,24 @@ def _training_pool() -> list[str]:
         code = []
     rng = random.Random(0)
     fake = [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "an answer " * 40}]] * 8
-    chats = (prompts.first_round(rng, code) + prompts.question_requests() + prompts.open_question_requests(1)
-             + prompts.subject_round(rng, []) + prompts.follow_ups(rng, fake, 8))
-    return (_module_texts(prompts) + _module_texts(suite_texts) + code
-            + [m["content"] for chat in chats for m in chat])
+    chats = (
+        prompts.first_round(rng, code)
+        + prompts.question_requests()
+        + prompts.open_question_requests(1)
+        + prompts.subject_round(rng, [])
+        + prompts.follow_ups(rng, fake, 8)
+    )
+    return _module_texts(prompts) + _module_texts(suite_texts) + code + [m["content"] for chat in chats for m in chat]
 
 
 def test_leak_detector_can_fail():
     held = _module_texts(texts_heldout)
     assert _leaks(held, ["nothing of the kind"]) == []
     planted = held[5]
-    assert _leaks(held, ["Prefix. " + " ".join(_words(planted)[3:3 + N]) + " suffix."]) == [planted]
+    assert _leaks(held, ["Prefix. " + " ".join(_words(planted)[3 : 3 + N]) + " suffix."]) == [planted]
     assert _leaks(["what is the capital city"], ["Tell me what is the capital city of Peru."]) == [
-        "what is the capital city"]
+        "what is the capital city"
+    ]
 
 
 def test_no_heldout_text_in_head_training_data():
@@ -160,8 +179,9 @@ def test_no_heldout_text_in_head_training_data():
 
 def test_heldout_disjoint_from_other_suites():
     """The splits share only their instruction templates: no held-out text in dev, quick or dev-v1."""
-    others = _module_texts(texts_dev) + [t for name in ("dev", "quick", "dev-v1") for q in load_suite(name)
-                                         for t in q.turns]
+    others = _module_texts(texts_dev) + [
+        t for name in ("dev", "quick", "dev-v1") for q in load_suite(name) for t in q.turns
+    ]
     assert _leaks(_module_texts(texts_heldout), others) == []
 
 
@@ -205,8 +225,9 @@ def _closure(start: list[str]) -> set[str]:
 
 
 def test_head_training_code_never_reaches_heldout():
-    reach = _closure(["leapdecode.heads.data", "leapdecode.heads.prompts", "leapdecode.heads.cli",
-                      "leapdecode.heads.train"])
+    reach = _closure(
+        ["leapdecode.heads.data", "leapdecode.heads.prompts", "leapdecode.heads.cli", "leapdecode.heads.train"]
+    )
     assert {"leapdecode.heads.data", "leapdecode.code_prompts", "leapdecode.api"} <= reach
     assert not [m for m in reach if m.startswith("leapdecode.bench")]  # heads sit below the benchmark
     assert "leapdecode.bench.texts_heldout" not in reach and "leapdecode.bench.make_suites" not in reach
@@ -220,14 +241,27 @@ def test_head_training_code_never_reaches_heldout():
 
 
 def _med(split: str, qid: int, category: str, label: str, tokens: int, forwards: int, wall: float) -> tuple:
-    return (f"{split}:{qid}", 0, label), {"category": category, "new_tokens": tokens, "forward_passes": forwards,
-                                          "wall_time": wall, "time_to_first_token": 0.1, "identical": True}
+    return (f"{split}:{qid}", 0, label), {
+        "category": category,
+        "new_tokens": tokens,
+        "forward_passes": forwards,
+        "wall_time": wall,
+        "time_to_first_token": 0.1,
+        "identical": True,
+    }
 
 
 def test_split_groups_and_section():
-    med = dict([_med("dev", 1, "qa", "none", 20, 20, 2.0), _med("dev", 1, "qa", "head", 20, 8, 1.0),
-                _med("dev", 2, "rag", "none", 30, 30, 3.0), _med("dev", 2, "rag", "head", 30, 10, 1.0),
-                _med("heldout", 1, "qa", "none", 20, 20, 2.0), _med("heldout", 1, "qa", "head", 20, 16, 1.6)])
+    med = dict(
+        [
+            _med("dev", 1, "qa", "none", 20, 20, 2.0),
+            _med("dev", 1, "qa", "head", 20, 8, 1.0),
+            _med("dev", 2, "rag", "none", 30, 30, 3.0),
+            _med("dev", 2, "rag", "head", 30, 10, 1.0),
+            _med("heldout", 1, "qa", "none", 20, 20, 2.0),
+            _med("heldout", 1, "qa", "head", 20, 16, 1.6),
+        ]
+    )
     groups = split_groups(med, ["none", "head"], "none", _aggregate)
     assert list(groups) == ["dev", "heldout"] and list(groups["heldout"]) == ["overall", "qa"]
     assert groups["dev"]["overall"]["head"]["mean_accepted_tokens"] == round(50 / 18, 3)

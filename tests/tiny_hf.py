@@ -1,4 +1,5 @@
 """A tiny local HF model directory (random weights + a word-level tokenizer with a chat template), built offline."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 WORDS = ["<unk>", "<eos>", "<user>", "<assistant>"] + [f"w{i}" for i in range(60)] + ["hello", "world", "the", "a"]
-CHAT_TEMPLATE = ("{% for m in messages %}{{ '<' + m['role'] + '> ' + m['content'] + ' ' }}{% endfor %}"
-                 "{% if add_generation_prompt %}{{ '<assistant> ' }}{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<' + m['role'] + '> ' + m['content'] + ' ' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<assistant> ' }}{% endif %}"
+)
 
 
 def make_tiny_hf_dir(path: Path, words=WORDS, context: int = 64, seed: int = 0) -> Path:

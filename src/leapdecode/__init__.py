@@ -1,4 +1,5 @@
 """leapdecode: faster generation for Hugging Face language models, lossless where it promises to be."""
+
 from .api import GenerationResult, generate
 from .errors import LeapDecodeError
 

@@ -1,4 +1,5 @@
 """The public Python API: `generate`, mirroring the names of HF `model.generate`."""
+
 from __future__ import annotations
 
 import weakref
@@ -21,15 +22,20 @@ Messages = Sequence[dict]
 @dataclass
 class GenerationResult:
     text: str
-    token_ids: list[int]      # the new tokens only
+    token_ids: list[int]  # the new tokens only
     prompt_ids: list[int]
     stats: GenerationStats
     model: str
     drafter: str
 
     def as_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "model": self.model, "drafter": self.drafter,
-                **self.stats.as_dict()}
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "model": self.model,
+            "drafter": self.drafter,
+            **self.stats.as_dict(),
+        }
 
 
 def resolve_model(model, tokenizer=None, dtype="float32"):
@@ -41,7 +47,9 @@ def resolve_model(model, tokenizer=None, dtype="float32"):
     if isinstance(model, str):
         return load_model(model, dtype=dtype)
     if isinstance(model, torch.nn.Module):
-        require(tokenizer is not None, "an already loaded model needs its tokenizer: generate(model, prompt, tokenizer=tok)")
+        require(
+            tokenizer is not None, "an already loaded model needs its tokenizer: generate(model, prompt, tokenizer=tok)"
+        )
         name = getattr(model.config, "name_or_path", "") or type(model).__name__
         return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, path=name)
     raise LeapDecodeError(f"model must be a name, a path, a LoadedModel or an HF model, got {type(model).__name__}")
@@ -61,8 +69,10 @@ def encode_prompt(tokenizer, prompt: str | Messages | Sequence[int], raw: bool =
             return tokenizer(prompt, add_special_tokens=True)["input_ids"]
         prompt = [{"role": "user", "content": prompt}]
     require(len(prompt) > 0, "the prompt is empty")
-    require(getattr(tokenizer, "chat_template", None) is not None,
-            "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead")
+    require(
+        getattr(tokenizer, "chat_template", None) is not None,
+        "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead",
+    )
     text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -92,9 +102,11 @@ def build_drafter(drafter: str | Drafter, target, draft_model=None, draft_dtype=
 
 
 def _check_draft_model(drafter: str, draft_model) -> None:
-    require(draft_model is None or drafter == "draft-model",
-            f"a draft model (--draft-model) is used only by the draft-model drafter, not by '{drafter}': "
-            "drop it, or use drafter 'draft-model' (or 'auto')")
+    require(
+        draft_model is None or drafter == "draft-model",
+        f"a draft model (--draft-model) is used only by the draft-model drafter, not by '{drafter}': "
+        "drop it, or use drafter 'draft-model' (or 'auto')",
+    )
 
 
 def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", **options) -> Callable[[], Drafter]:
@@ -110,7 +122,8 @@ def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", 
         if not same_tokenizer(draft.tokenizer, target.tokenizer):
             raise LeapDecodeError(
                 f"draft model '{draft.name}' uses a different tokenizer from '{target.name}': "
-                "speculative decoding needs the same vocabulary")
+                "speculative decoding needs the same vocabulary"
+            )
         options["draft_model"] = draft.model
     if drafter == "ngram":
         options.setdefault("store_key", target.name)
@@ -179,22 +192,37 @@ def generate(
     `packed_weights=False` runs the target's linear layers through HF's own `F.linear` instead of pre-packed weights
     (same numbers in bf16; in fp32 they round differently, as any two GEMMs do).
     """
-    require(isinstance(max_new_tokens, int) and max_new_tokens > 0, f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+    require(
+        isinstance(max_new_tokens, int) and max_new_tokens > 0,
+        f"max_new_tokens must be a positive integer, got {max_new_tokens}",
+    )
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    controller = DraftLengthController(k_init=min(draft_length, max_draft_length), k_max=max_draft_length,
-                                       adaptive=adaptive_draft_length)
+    controller = DraftLengthController(
+        k_init=min(draft_length, max_draft_length), k_max=max_draft_length, adaptive=adaptive_draft_length
+    )
     target = resolve_model(model, tokenizer, dtype)
     prompt_ids = encode_prompt(target.tokenizer, prompt, raw)
     context = target.context_length
-    require(len(prompt_ids) < context,
-            f"the prompt has {len(prompt_ids)} tokens but {target.name} has a context of {context} tokens")
+    require(
+        len(prompt_ids) < context,
+        f"the prompt has {len(prompt_ids)} tokens but {target.name} has a context of {context} tokens",
+    )
     if kv_press is not None:
         kv_press.check(target.model)
     chosen = build_drafter(drafter, target, draft_model, draft_dtype, **(drafter_options or {}))
     runner = Runner(target.model, press=kv_press, packed_weights=packed_weights)
-    tokens, stats = decode(runner, prompt_ids, chosen, sampling=sampling, controller=controller,
-                           max_new_tokens=max_new_tokens, eos_ids=set(target.eos_token_ids), context_length=context,
-                           on_tokens=stream)
+    tokens, stats = decode(
+        runner,
+        prompt_ids,
+        chosen,
+        sampling=sampling,
+        controller=controller,
+        max_new_tokens=max_new_tokens,
+        eos_ids=set(target.eos_token_ids),
+        context_length=context,
+        on_tokens=stream,
+    )
     text = target.tokenizer.decode(tokens, skip_special_tokens=True)
-    return GenerationResult(text=text, token_ids=tokens, prompt_ids=prompt_ids, stats=stats, model=target.name,
-                            drafter=chosen.name)
+    return GenerationResult(
+        text=text, token_ids=tokens, prompt_ids=prompt_ids, stats=stats, model=target.name, drafter=chosen.name
+    )

@@ -9,6 +9,7 @@ exit, so HF `generate` on the same model is untouched). Two cases:
 - a flat batch of many sequences (the Engine): a `layout` given to the context owns each sequence's keys and values
   and attends every row only within its own sequence (`layout.attend`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,8 +52,9 @@ def grouped_sdpa(query, key, value, mask=None, scaling=None) -> torch.Tensor:
         mask = mask[:, :, :, :length]
     elif n > 1:
         mask = causal_mask(n, length, query.device)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                          enable_gqa=query.shape[1] != key.shape[1])
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+    )
 
 
 def causal_mask(n: int, length: int, device=None) -> torch.Tensor:

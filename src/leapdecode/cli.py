@@ -1,4 +1,5 @@
 """`leapdecode` command line: generate, models, bench, bench-kv, dllm."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail at once instea
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
-
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -26,9 +26,15 @@ def add_generate(sub) -> None:
 
     p = sub.add_parser("generate", help="generate text with speculative decoding")
     p.add_argument("prompt", help="the user message (chat template applied unless --raw); '-' reads standard input")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="packaged name, local HF directory, .gguf file or cached hub id")
-    p.add_argument("--drafter", default="auto", choices=("auto", *DRAFTERS),
-                   help="auto (default): the model's shipped draft head if it has one, else prompt-lookup")
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help="packaged name, local HF directory, .gguf file or cached hub id"
+    )
+    p.add_argument(
+        "--drafter",
+        default="auto",
+        choices=("auto", *DRAFTERS),
+        help="auto (default): the model's shipped draft head if it has one, else prompt-lookup",
+    )
     p.add_argument("--draft-model", help="the draft model for --drafter draft-model (same tokenizer as --model)")
     p.add_argument("--head", help="draft head directory for --drafter head (default: the model's shipped head)")
     p.add_argument("--max-new-tokens", type=_int, default=256)
@@ -37,7 +43,11 @@ def add_generate(sub) -> None:
     p.add_argument("--top-k", type=_int, default=0)
     p.add_argument("--seed", type=_int)
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    p.add_argument("--draft-dtype", default="int8", help="dtype of --draft-model: int8 (default), bfloat16, float32 (never changes the output)")
+    p.add_argument(
+        "--draft-dtype",
+        default="int8",
+        help="dtype of --draft-model: int8 (default), bfloat16, float32 (never changes the output)",
+    )
     p.add_argument("--draft-length", type=_int, default=4, help="initial draft length k")
     p.add_argument("--max-draft-length", type=_int, default=16)
     p.add_argument("--fixed-draft-length", action="store_true", help="keep k fixed instead of adapting it online")
@@ -70,11 +80,24 @@ def run_generate(args) -> int:
         press = make_press(args.kv_press, budget=args.kv_budget)
     streamer = None if args.json else TextStreamer(target.tokenizer, skip_special_tokens=True)
     result = generate(
-        target, prompt, drafter=args.drafter, draft_model=args.draft_model, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, raw=args.raw,
-        dtype=args.dtype, draft_dtype=args.draft_dtype, draft_length=args.draft_length, max_draft_length=args.max_draft_length,
-        adaptive_draft_length=not args.fixed_draft_length, kv_press=press,
-        packed_weights=not args.hf_kernels, drafter_options={"head": args.head} if args.head else None,
+        target,
+        prompt,
+        drafter=args.drafter,
+        draft_model=args.draft_model,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        raw=args.raw,
+        dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
+        draft_length=args.draft_length,
+        max_draft_length=args.max_draft_length,
+        adaptive_draft_length=not args.fixed_draft_length,
+        kv_press=press,
+        packed_weights=not args.hf_kernels,
+        drafter_options={"head": args.head} if args.head else None,
         stream=None if streamer is None else lambda ids: streamer.put(_tensor(ids)),
     )
     if args.json:
@@ -82,10 +105,12 @@ def run_generate(args) -> int:
         return 0
     streamer.end()
     s = result.stats
-    print(f"[{result.model} · {result.drafter}] {s.new_tokens} tokens in {s.total_time:.2f} s = "
-          f"{s.tokens_per_second:.1f} tok/s · {s.forward_passes} forward passes · "
-          f"{s.mean_accepted_tokens:.2f} tokens/forward · first token {s.time_to_first_token * 1000:.0f} ms",
-          file=sys.stderr)
+    print(
+        f"[{result.model} · {result.drafter}] {s.new_tokens} tokens in {s.total_time:.2f} s = "
+        f"{s.tokens_per_second:.1f} tok/s · {s.forward_passes} forward passes · "
+        f"{s.mean_accepted_tokens:.2f} tokens/forward · first token {s.time_to_first_token * 1000:.0f} ms",
+        file=sys.stderr,
+    )
     return 0
 
 

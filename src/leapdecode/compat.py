@@ -1,4 +1,5 @@
 """What differs across the transformers versions pyproject admits, in one place."""
+
 from __future__ import annotations
 
 import inspect

@@ -13,6 +13,7 @@ forward's cost is measured per total row count R, and draft tokens go where the 
 until adding more no longer raises expected tokens per second of the whole step (Scylla/SmartSpec's observation that
 under load the marginal cost of verification rows, not the per-sequence acceptance alone, decides what pays).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,11 +21,11 @@ from typing import Sequence
 
 from .errors import require
 
-PRIOR_ACCEPTANCE = 0.6   # a before any evidence ...
-PRIOR_WEIGHT = 2.0       # ... worth this many observed draft tokens
-DECAY = 0.9              # per step, for the acceptance counts
-COST_DECAY = 0.7         # weight of the old estimate in each per-size cost average
-REPROBE_STEPS = 32       # plain steps in a row before one draft is tried again
+PRIOR_ACCEPTANCE = 0.6  # a before any evidence ...
+PRIOR_WEIGHT = 2.0  # ... worth this many observed draft tokens
+DECAY = 0.9  # per step, for the acceptance counts
+COST_DECAY = 0.7  # weight of the old estimate in each per-size cost average
+REPROBE_STEPS = 32  # plain steps in a row before one draft is tried again
 
 
 class StepCost:
@@ -67,8 +68,14 @@ class DraftDemand:
     cap: int
 
 
-def plan_draft_lengths(demands: Sequence[DraftDemand], costs: StepCost, base_rows: int, base_tokens: float,
-                       k_min: int = 1, row_budget: int | None = None) -> list[int]:
+def plan_draft_lengths(
+    demands: Sequence[DraftDemand],
+    costs: StepCost,
+    base_rows: int,
+    base_tokens: float,
+    k_min: int = 1,
+    row_budget: int | None = None,
+) -> list[int]:
     """Draft lengths for sequences that share one forward of `base_rows` rows without drafts (their last tokens and
     any prompt chunks), which yields `base_tokens` tokens. The i-th draft token of a sequence with acceptance a is
     accepted with probability a^i, so tokens are added in order of that gain; the plan kept is the prefix of that
@@ -110,15 +117,17 @@ class DraftLengthController:
     k_max: int = 16
     adaptive: bool = True
     costs: StepCost = field(default_factory=StepCost)
-    accepted: float = field(default=0.0, init=False)   # decayed count of accepted draft tokens
-    rejected: float = field(default=0.0, init=False)   # decayed count of rejections (at most one per step)
-    draft_seconds: float | None = field(default=None, init=False)                 # per draft token
-    plain_steps: int = field(default=0, init=False)                               # k = 0 steps in a row
-    drafted_last: bool = field(default=False, init=False)                         # the previous step drafted
+    accepted: float = field(default=0.0, init=False)  # decayed count of accepted draft tokens
+    rejected: float = field(default=0.0, init=False)  # decayed count of rejections (at most one per step)
+    draft_seconds: float | None = field(default=None, init=False)  # per draft token
+    plain_steps: int = field(default=0, init=False)  # k = 0 steps in a row
+    drafted_last: bool = field(default=False, init=False)  # the previous step drafted
 
     def __post_init__(self) -> None:
-        require(1 <= self.k_min <= self.k_init <= self.k_max,
-                f"draft length needs 1 <= k_min <= k <= k_max, got {self.k_min}, {self.k_init}, {self.k_max}")
+        require(
+            1 <= self.k_min <= self.k_init <= self.k_max,
+            f"draft length needs 1 <= k_min <= k <= k_max, got {self.k_min}, {self.k_init}, {self.k_max}",
+        )
         self.k = self.k_init
 
     @property
@@ -136,13 +145,21 @@ class DraftLengthController:
         return hits / (hits + self.rejected + (1 - PRIOR_ACCEPTANCE) * PRIOR_WEIGHT)
 
     def demand(self, cap: int) -> DraftDemand:
-        return DraftDemand(self.acceptance, self.draft_seconds or 0.0, min(cap, self.k_max if self.adaptive else self.k))
+        return DraftDemand(
+            self.acceptance, self.draft_seconds or 0.0, min(cap, self.k_max if self.adaptive else self.k)
+        )
 
     def next_k(self) -> int:
         return self.k
 
-    def update(self, proposed: int, accepted: int, forward_tokens: int = 0, forward_seconds: float = 0.0,
-               draft_seconds: float = 0.0) -> None:
+    def update(
+        self,
+        proposed: int,
+        accepted: int,
+        forward_tokens: int = 0,
+        forward_seconds: float = 0.0,
+        draft_seconds: float = 0.0,
+    ) -> None:
         """Record one step: `proposed` draft tokens of which `accepted` passed, verified by a target forward over
         `forward_tokens` tokens that took `forward_seconds`; drafting took `draft_seconds`."""
         if not self.adaptive:
@@ -155,8 +172,11 @@ class DraftLengthController:
         timed, self.drafted_last = proposed > 0 and self.drafted_last, proposed > 0
         if timed:
             per_token = draft_seconds / proposed
-            self.draft_seconds = per_token if self.draft_seconds is None else (
-                COST_DECAY * self.draft_seconds + (1 - COST_DECAY) * per_token)
+            self.draft_seconds = (
+                per_token
+                if self.draft_seconds is None
+                else (COST_DECAY * self.draft_seconds + (1 - COST_DECAY) * per_token)
+            )
         if 1 not in self.costs:
             if self.costs:  # time one plain step: drafts are weighed against it
                 self.k = 0
@@ -167,8 +187,9 @@ class DraftLengthController:
             self.k, self.plain_steps = self.k_init, 0
 
     def best_k(self) -> int:
-        return plan_draft_lengths([self.demand(self.k_max)], self.costs, base_rows=1, base_tokens=1.0,
-                                  k_min=self.k_min)[0]
+        return plan_draft_lengths(
+            [self.demand(self.k_max)], self.costs, base_rows=1, base_tokens=1.0, k_min=self.k_min
+        )[0]
 
     def cost(self, tokens: int) -> float:
         """Seconds of a target forward over `tokens` tokens (see StepCost)."""

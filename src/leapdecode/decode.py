@@ -4,6 +4,7 @@ Each step: the drafter proposes up to k tokens, the target scores [last token + 
 sequence keeps the accepted prefix plus one target token (`SequenceState.accept`, the step rule the batched Engine
 shares), the runner forgets the rejected positions, and the controller picks the next k.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,15 @@ def decode(
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Generate up to max_new_tokens after prompt_ids; stop at EOS (kept) exactly where plain decoding would."""
-    seq = SequenceState(prompt_ids, drafter, sampling=sampling, controller=controller, max_new_tokens=max_new_tokens,
-                        eos_ids=eos_ids, context_length=context_length)
+    seq = SequenceState(
+        prompt_ids,
+        drafter,
+        sampling=sampling,
+        controller=controller,
+        max_new_tokens=max_new_tokens,
+        eos_ids=eos_ids,
+        context_length=context_length,
+    )
     runner.keep_hidden = drafter.needs_hidden
     runner.argmax_only = seq.sampling.greedy
     logits = runner.prefill(prompt_ids)[None]

@@ -2,6 +2,7 @@
 and values, copying O(context) bytes per layer per step (at 1,200 tokens of SmolLM2-135M: 55 MB a step, a tenth of the
 weights a decode step reads). Here each layer keeps a buffer with spare room: a step writes only its new rows, a
 rollback only shortens the view, and the buffer is reallocated (with room to spare again) only when it is full."""
+
 from __future__ import annotations
 
 import torch
@@ -34,7 +35,8 @@ class BufferedLayer(DynamicLayer):
         """Whether keys/values are still the buffers' leading rows (not replaced from outside)."""
         return self.key_buffer is not None and all(
             view.numel() == 0 or (view.data_ptr() == buffer.data_ptr() and view.stride() == buffer.stride())
-            for view, buffer in ((self.keys, self.key_buffer), (self.values, self.value_buffer)))
+            for view, buffer in ((self.keys, self.key_buffer), (self.values, self.value_buffer))
+        )
 
     def _reallocate(self, key_states, value_states, length: int, capacity: int) -> None:
         self.key_buffer = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))

@@ -6,6 +6,7 @@ that say which machine and software produced the numbers, and how a table is dra
 describe a run the same way and cannot drift apart. This module sits below bench/, kv/ and diffusion/ and imports
 none of them, so each can use it without importing the others.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,10 @@ def cpu_flags() -> str:
 def machine() -> str:
     """One line: CPU model, torch's CPU capability and the relevant flags, logical CPU count, operating system."""
     flags = cpu_flags()
-    return (f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()}{'; ' + flags if flags else ''}), "
-            f"{os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}")
+    return (
+        f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()}{'; ' + flags if flags else ''}), "
+        f"{os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+    )
 
 
 def versions() -> str:
@@ -53,8 +56,10 @@ def versions() -> str:
 
     from . import __version__
 
-    return (f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"leapdecode {__version__}")
+    return (
+        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"leapdecode {__version__}"
+    )
 
 
 def command() -> str:
@@ -65,8 +70,12 @@ def command() -> str:
 def environment(threads: int | None = None) -> dict:
     """The header every report starts with: machine, torch threads (default: torch's current count), versions,
     command. A report adds its own keys (model, dtype, workload) after these."""
-    return {"machine": machine(), "torch threads": torch.get_num_threads() if threads is None else threads,
-            "versions": versions(), "command": command()}
+    return {
+        "machine": machine(),
+        "torch threads": torch.get_num_threads() if threads is None else threads,
+        "versions": versions(),
+        "command": command(),
+    }
 
 
 def meta_lines(meta: dict) -> list[str]:

@@ -1,4 +1,5 @@
 """Runner: owns one causal LM and its KV cache. The only place that calls the model's forward pass."""
+
 from __future__ import annotations
 
 import contextlib
@@ -90,7 +91,7 @@ class Runner:
             )
         self.position += n
         if self.keep_hidden:
-            self.hidden = captured[-1][0, -out.logits.shape[1]:] if captured else None
+            self.hidden = captured[-1][0, -out.logits.shape[1] :] if captured else None
         return out.logits[0]
 
 
@@ -117,8 +118,10 @@ def final_norm_output(model: torch.nn.Module, enabled: bool):
     if enabled:
         norm = getattr(model.get_decoder(), "norm", None)
         if norm is None:
-            raise LeapDecodeError(f"{type(model).__name__} has no final `norm` layer to read hidden states "
-                                  "from (draft heads support Llama/Qwen2-family models)")
+            raise LeapDecodeError(
+                f"{type(model).__name__} has no final `norm` layer to read hidden states "
+                "from (draft heads support Llama/Qwen2-family models)"
+            )
         hook = norm.register_forward_hook(lambda module, args, output: captured.append(output))
     try:
         yield captured

@@ -1,4 +1,5 @@
 """Sampling settings and the target distribution they induce (temperature, top-k, top-p), as HF applies them."""
+
 from __future__ import annotations
 
 import secrets

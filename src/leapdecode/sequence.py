@@ -7,6 +7,7 @@ speculative sampling), updates the stats, and tells the caller how many drafted 
 the only thing that differs between one request and many, so the losslessness argument is the same for both: each
 sequence's rows see exactly its own past.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,17 @@ from .verify import greedy_accept, speculative_accept
 class SequenceState:
     """One request being decoded: its tokens, its drafter and draft-length controller, its stats."""
 
-    def __init__(self, prompt_ids: list[int], drafter: Drafter, *, sampling: SamplingConfig,
-                 controller: DraftLengthController, max_new_tokens: int, eos_ids: set[int], context_length: int):
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        drafter: Drafter,
+        *,
+        sampling: SamplingConfig,
+        controller: DraftLengthController,
+        max_new_tokens: int,
+        eos_ids: set[int],
+        context_length: int,
+    ):
         if not sampling.greedy:  # one seed for the whole request, drawn now if none was given
             sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
         self.prompt_ids = list(prompt_ids)
@@ -48,8 +58,13 @@ class SequenceState:
         """The most draft tokens the next step may verify (past it, output or context would be full)."""
         return max(0, min(self.max_new_tokens - len(self.out) - 1, self.context_length - len(self.context)))
 
-    def accept(self, logits: torch.Tensor, hidden: torch.Tensor | None = None, forward_tokens: int = 0,
-               forward_seconds: float = 0.0) -> tuple[list[int], int]:
+    def accept(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor | None = None,
+        forward_tokens: int = 0,
+        forward_seconds: float = 0.0,
+    ) -> tuple[list[int], int]:
         """Take the target's logits [len(draft) + 1, V] for [last token + draft]; return (new tokens, number of
         drafted positions to roll back). `hidden`: the final-norm features of those rows (draft heads read them).
         The forward's size and time feed the controller when one sequence owns the whole forward."""
@@ -68,8 +83,9 @@ class SequenceState:
         stats.new_tokens = len(self.out)
         if stats.forward_passes == 1:
             stats.time_to_first_token = time.perf_counter() - self.start
-        stats.stop_reason = _stop_reason(self.out, self.eos_ids, self.max_new_tokens, len(self.context),
-                                         self.context_length)
+        stats.stop_reason = _stop_reason(
+            self.out, self.eos_ids, self.max_new_tokens, len(self.context), self.context_length
+        )
         if not self.finished:
             self.drafter.observe(self.context, len(new))
             if self.drafter.needs_hidden:

@@ -1,4 +1,5 @@
 """One record of a generation, read alike by the API, the CLI and the benchmark."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,13 +9,13 @@ from dataclasses import dataclass, field
 class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
-    forward_passes: int = 0          # target forwards, prefill included
-    drafted_tokens: int = 0          # draft tokens sent to verification
-    accepted_draft_tokens: int = 0   # of those, accepted
+    forward_passes: int = 0  # target forwards, prefill included
+    drafted_tokens: int = 0  # draft tokens sent to verification
+    accepted_draft_tokens: int = 0  # of those, accepted
     time_to_first_token: float = 0.0  # seconds
-    total_time: float = 0.0           # seconds, prefill included
-    draft_time: float = 0.0           # seconds spent inside the drafter
-    stop_reason: str = ""             # "eos", "length" (max_new_tokens) or "context" (model context full)
+    total_time: float = 0.0  # seconds, prefill included
+    draft_time: float = 0.0  # seconds spent inside the drafter
+    stop_reason: str = ""  # "eos", "length" (max_new_tokens) or "context" (model context full)
     accepted_per_step: list[int] = field(default_factory=list)  # new tokens per decode step
 
     @property

@@ -2,6 +2,7 @@
 
 Both return the list of new tokens for this step: the accepted draft prefix followed by one target token.
 """
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -9,6 +9,7 @@ time to first token (TTFT), time per output token after the first (TPOT) and end
 greedy output is compared with the same request decoded alone by HF `generate`; a difference is reported with the
 target's top-2 logit margin at the first differing token (a rounding tie, or a bug).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,19 +35,35 @@ def percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
 
 
-def run_engine(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int, *, drafter="none",
-               draft=None, max_batch_tokens=256, packed_weights=True, prefix_cache_tokens=0, on_done=None,
-               warmup: list[list[int]] = ()) -> dict:
+def run_engine(
+    target,
+    prompts: list[list[int]],
+    concurrency: int,
+    max_new_tokens: int,
+    *,
+    drafter="none",
+    draft=None,
+    max_batch_tokens=256,
+    packed_weights=True,
+    prefix_cache_tokens=0,
+    on_done=None,
+    warmup: list[list[int]] = (),
+) -> dict:
     """Closed loop over an Engine: at most `concurrency` requests in flight. The engine first serves `warmup`
     (other prompts) untimed: a server's steady state, with step costs and acceptance already learned. The n-gram
     drafter's process-wide store starts empty for every run."""
     from ..drafters.ngram import NGramDrafter
 
     NGramDrafter._shared.clear()
-    engine = Engine(target, drafter=drafter, draft_model=draft.model if draft is not None and drafter == "draft-model"
-                    else None,
-                    max_batch_tokens=max_batch_tokens, max_sequences=concurrency, packed_weights=packed_weights,
-                    prefix_cache_tokens=prefix_cache_tokens)
+    engine = Engine(
+        target,
+        drafter=drafter,
+        draft_model=draft.model if draft is not None and drafter == "draft-model" else None,
+        max_batch_tokens=max_batch_tokens,
+        max_sequences=concurrency,
+        packed_weights=packed_weights,
+        prefix_cache_tokens=prefix_cache_tokens,
+    )
     if warmup:
         engine.generate_many(list(warmup)[:concurrency], max_new_tokens=max_new_tokens)
         engine.counters.update(dict.fromkeys(engine.counters, 0))
@@ -78,10 +95,21 @@ def run_engine(target, prompts: list[list[int]], concurrency: int, max_new_token
     wall = time.perf_counter() - start
     metrics = engine.metrics()
     accepted = metrics["spec_decode_num_accepted_tokens"]
-    return _record(tokens, sent, first, end, wall, {
-        "steps": metrics["steps"], "forwards": forwards[0], "draft_tokens": metrics["spec_decode_num_draft_tokens"],
-        "acceptance": accepted / metrics["spec_decode_num_draft_tokens"] if metrics["spec_decode_num_draft_tokens"]
-        else None})
+    return _record(
+        tokens,
+        sent,
+        first,
+        end,
+        wall,
+        {
+            "steps": metrics["steps"],
+            "forwards": forwards[0],
+            "draft_tokens": metrics["spec_decode_num_draft_tokens"],
+            "acceptance": accepted / metrics["spec_decode_num_draft_tokens"]
+            if metrics["spec_decode_num_draft_tokens"]
+            else None,
+        },
+    )
 
 
 def run_hf_generate(target, prompts: list[list[int]], max_new_tokens: int, on_done=None) -> dict:
@@ -93,34 +121,51 @@ def run_hf_generate(target, prompts: list[list[int]], max_new_tokens: int, on_do
         sent[i] = time.perf_counter()
         timer = _FirstTokenTimer(sent[i])
         with torch.inference_mode():
-            out = target.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                        max_new_tokens=max_new_tokens, do_sample=False, streamer=timer,
-                                        pad_token_id=target.tokenizer.pad_token_id or 0)
+            out = target.model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                streamer=timer,
+                pad_token_id=target.tokenizer.pad_token_id or 0,
+            )
         end[i] = time.perf_counter()
         first[i] = None if timer.first is None else sent[i] + timer.first
-        tokens.append(truncate_at_eos(out[0, len(ids):].tolist(), target.eos_token_ids))
+        tokens.append(truncate_at_eos(out[0, len(ids) :].tolist(), target.eos_token_ids))
         if on_done:
             on_done()
     return _record(tokens, sent, first, end, time.perf_counter() - start, {})
 
 
-def run_hf_generate_batch(target, prompts: list[list[int]], concurrency: int, max_new_tokens: int,
-                          max_batch_tokens: int) -> dict:
+def run_hf_generate_batch(
+    target, prompts: list[list[int]], concurrency: int, max_new_tokens: int, max_batch_tokens: int
+) -> dict:
     """HF's continuous batching (`generate_batch`), at most `concurrency` requests per batch."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False,
-                              eos_token_id=list(target.eos_token_ids), pad_token_id=target.tokenizer.pad_token_id or 0)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=list(target.eos_token_ids),
+        pad_token_id=target.tokenizer.pad_token_id or 0,
+    )
     cb = ContinuousBatchingConfig(max_batch_tokens=max_batch_tokens, max_requests_per_batch=concurrency)
     start = time.perf_counter()
     with torch.inference_mode():
-        results = target.model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=cb,
-                                              record_timestamps=True, progress_bar=False)
+        results = target.model.generate_batch(
+            inputs=prompts,
+            generation_config=config,
+            continuous_batching_config=cb,
+            record_timestamps=True,
+            progress_bar=False,
+        )
     wall = time.perf_counter() - start
     ordered = sorted(results.values(), key=lambda r: int(str(r.request_id).rsplit("_", 1)[-1]))
-    require(len(ordered) == len(prompts) and all(r.error is None for r in ordered),
-            "generate_batch did not return every request: " + "; ".join(str(r.error) for r in ordered if r.error))
+    require(
+        len(ordered) == len(prompts) and all(r.error is None for r in ordered),
+        "generate_batch did not return every request: " + "; ".join(str(r.error) for r in ordered if r.error),
+    )
     tokens = [truncate_at_eos(list(r.generated_tokens), target.eos_token_ids) for r in ordered]
     sent = [r.created_time for r in ordered]
     first = [r.timestamps[0] if r.timestamps else None for r in ordered]
@@ -133,10 +178,19 @@ def _record(tokens, sent, first, end, wall: float, extra: dict) -> dict:
     tpot = [(e - f) / (len(t) - 1) if f is not None and len(t) > 1 else None for t, f, e in zip(tokens, first, end)]
     e2e = [e - s for e, s in zip(end, sent)]
     out_tokens = sum(map(len, tokens))
-    return {"tokens": tokens, "wall": wall, "output_tokens": out_tokens, "output_tok_s": out_tokens / wall,
-            "requests_s": len(tokens) / wall,
-            **{f"{name}_p{q}": percentile(values, q) for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e))
-               for q in (50, 99)}, **extra}
+    return {
+        "tokens": tokens,
+        "wall": wall,
+        "output_tokens": out_tokens,
+        "output_tok_s": out_tokens / wall,
+        "requests_s": len(tokens) / wall,
+        **{
+            f"{name}_p{q}": percentile(values, q)
+            for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e))
+            for q in (50, 99)
+        },
+        **extra,
+    }
 
 
 def check_against(target, prompts, reference: list[list[int]], record: dict) -> None:
@@ -162,27 +216,54 @@ def write_outputs(out: pathlib.Path, meta: dict, rows: list[dict], notes: list[s
     public = [{k: v for k, v in r.items() if k != "tokens"} for r in rows]
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": public, "notes": notes}, indent=2))
     fmt = lambda x, spec: "–" if x is None else format(x, spec)  # noqa: E731
-    header = ["method", "concurrency", "output tok/s", "vs engine", "requests/s", "TTFT p50 / p99 (s)",
-              "TPOT p50 / p99 (ms)", "e2e p50 / p99 (s)", "tokens / forward (per sequence)", "identical to solo greedy"]
+    header = [
+        "method",
+        "concurrency",
+        "output tok/s",
+        "vs engine",
+        "requests/s",
+        "TTFT p50 / p99 (s)",
+        "TPOT p50 / p99 (ms)",
+        "e2e p50 / p99 (s)",
+        "tokens / forward (per sequence)",
+        "identical to solo greedy",
+    ]
     plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["method"] == "engine"}
     table = []
     for r in rows:
         ratio = r["output_tok_s"] / plain[r["concurrency"]] if r["concurrency"] in plain else None
         per_forward = r["output_tokens"] / r["forwards"] if r.get("forwards") else None
-        table.append([r["method"], r["concurrency"], f"{r['output_tok_s']:.2f}", f"{fmt(ratio, '.2f')}×",
-                      f"{r['requests_s']:.3f}", f"{fmt(r['ttft_p50'], '.2f')} / {fmt(r['ttft_p99'], '.2f')}",
-                      f"{fmt(r['tpot_p50'] and 1000 * r['tpot_p50'], '.0f')} / "
-                      f"{fmt(r['tpot_p99'] and 1000 * r['tpot_p99'], '.0f')}",
-                      f"{fmt(r['e2e_p50'], '.2f')} / {fmt(r['e2e_p99'], '.2f')}", fmt(per_forward, ".2f"),
-                      f"{r.get('identical', '–')} of {len(r['tokens'])}"])
-    lines = ["# leapdecode bench-batch", "", *meta_lines(meta), "", *(f"> {n}" for n in notes), "",
-             *markdown_table(header, table)]
+        table.append(
+            [
+                r["method"],
+                r["concurrency"],
+                f"{r['output_tok_s']:.2f}",
+                f"{fmt(ratio, '.2f')}×",
+                f"{r['requests_s']:.3f}",
+                f"{fmt(r['ttft_p50'], '.2f')} / {fmt(r['ttft_p99'], '.2f')}",
+                f"{fmt(r['tpot_p50'] and 1000 * r['tpot_p50'], '.0f')} / "
+                f"{fmt(r['tpot_p99'] and 1000 * r['tpot_p99'], '.0f')}",
+                f"{fmt(r['e2e_p50'], '.2f')} / {fmt(r['e2e_p99'], '.2f')}",
+                fmt(per_forward, ".2f"),
+                f"{r.get('identical', '–')} of {len(r['tokens'])}",
+            ]
+        )
+    lines = [
+        "# leapdecode bench-batch",
+        "",
+        *meta_lines(meta),
+        "",
+        *(f"> {n}" for n in notes),
+        "",
+        *markdown_table(header, table),
+    ]
     mismatched = [(r["method"], r["concurrency"], m) for r in rows for m in r.get("mismatches", [])]
     if mismatched:
         lines += ["", "## Outputs that differ from solo greedy", ""]
-        lines += markdown_table(["method", "C", "position", "top-2 margin", "tie margin"],
-                                [[m, c, d.get("position"), d.get("top2_margin"), d.get("tie_margin")]
-                                 for m, c, d in mismatched])
+        lines += markdown_table(
+            ["method", "C", "position", "top-2 margin", "tie margin"],
+            [[m, c, d.get("position"), d.get("top2_margin"), d.get("tie_margin")] for m, c, d in mismatched],
+        )
     (out / "report.md").write_text("\n".join(lines) + "\n")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))

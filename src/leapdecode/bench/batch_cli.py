@@ -1,4 +1,5 @@
 """The `bench-batch` command: parse, load, run every method at every concurrency, write the report."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,13 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     from ..models import load_model
     from .suites import load_suite
 
-    methods = _names(args.methods) or ["hf-generate", "hf-generate-batch", "engine", "engine-prompt-lookup",
-                                       "engine-ngram"] + (["engine-draft-model"] if args.draft_model else [])
+    methods = _names(args.methods) or [
+        "hf-generate",
+        "hf-generate-batch",
+        "engine",
+        "engine-prompt-lookup",
+        "engine-ngram",
+    ] + (["engine-draft-model"] if args.draft_model else [])
     unknown = [m for m in methods if m not in METHODS]
     require(not unknown, f"unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
     require("engine-draft-model" not in methods or args.draft_model, "engine-draft-model needs --draft-model")
@@ -34,18 +40,24 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     questions = load_suite(args.suite, _names(args.categories) or None, args.per_category)
     count = args.requests or max(concurrency)
     prompts = [encode_prompt(target.tokenizer, questions[i % len(questions)].turns[0]) for i in range(count)]
-    warmup = [encode_prompt(target.tokenizer, questions[(count + i) % len(questions)].turns[0])
-              for i in range(max(concurrency))]  # the engine's untimed warm-up: the questions after the timed ones
+    warmup = [
+        encode_prompt(target.tokenizer, questions[(count + i) % len(questions)].turns[0])
+        for i in range(max(concurrency))
+    ]  # the engine's untimed warm-up: the questions after the timed ones
     console = Console(stderr=True)
     if args.scenario != "throughput":
         return _scenario(args, target, questions, prompts, console)
-    meta = {**environment(torch.get_num_threads()), "target model": target.name,
-            "draft model": draft.name if draft else "none", "dtype": args.dtype,
-            "workload": f"{count} requests (first turns of suite '{args.suite}', {len(questions)} questions, cycled), "
-                        f"greedy, max_new_tokens {args.max_new_tokens}, closed loop of C requests in flight; each "
-                        "engine first serves C other questions of the suite untimed (steady state)",
-            "max batch tokens": args.max_batch_tokens,
-            "reference": "each request decoded alone by HF generate (greedy)"}
+    meta = {
+        **environment(torch.get_num_threads()),
+        "target model": target.name,
+        "draft model": draft.name if draft else "none",
+        "dtype": args.dtype,
+        "workload": f"{count} requests (first turns of suite '{args.suite}', {len(questions)} questions, cycled), "
+        f"greedy, max_new_tokens {args.max_new_tokens}, closed loop of C requests in flight; each "
+        "engine first serves C other questions of the suite untimed (steady state)",
+        "max batch tokens": args.max_batch_tokens,
+        "reference": "each request decoded alone by HF generate (greedy)",
+    }
     notes: list[str] = []
     rows: list[dict] = []
     runs = [(m, c) for m in methods for c in (concurrency if m != "hf-generate" else concurrency[:1])]
@@ -58,13 +70,17 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
             record = _run(method, c, target, draft, prompts, args, notes, warmup)
             if record is not None:
                 check_against(target, prompts, reference["tokens"], record)
-                rows += [dict(record, method=method, concurrency=cc)
-                         for cc in (concurrency if method == "hf-generate" else [c])]
+                rows += [
+                    dict(record, method=method, concurrency=cc)
+                    for cc in (concurrency if method == "hf-generate" else [c])
+                ]
             progress.advance(task)
     paths = write_outputs(pathlib.Path(args.out), meta, rows, notes)
     for r in rows:
-        console.print(f"  {r['method']:<22} C={r['concurrency']:<3} {r['output_tok_s']:8.2f} tok/s  "
-                      f"identical {r['identical']}/{len(r['tokens'])}")
+        console.print(
+            f"  {r['method']:<22} C={r['concurrency']:<3} {r['output_tok_s']:8.2f} tok/s  "
+            f"identical {r['identical']}/{len(r['tokens'])}"
+        )
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
     console.print("wrote " + ", ".join(map(str, paths)))
@@ -86,19 +102,29 @@ def _scenario(args, target, questions, prompts, console) -> int:
     else:
         prefix = long_prompt(target.tokenizer, texts, args.prefix_tokens)
         table = {"engine": prefix_reuse(target, prefix, prompts[:2])}
-    meta = {**environment(torch.get_num_threads()), "target model": target.name, "scenario": args.scenario,
-            "settings": f"streams {args.streams}, long prompt {args.long_prompt_tokens} tokens, prefix "
-                        f"{args.prefix_tokens} tokens, max_new_tokens {args.max_new_tokens}, max batch tokens "
-                        f"{args.max_batch_tokens}, greedy"}
+    meta = {
+        **environment(torch.get_num_threads()),
+        "target model": target.name,
+        "scenario": args.scenario,
+        "settings": f"streams {args.streams}, long prompt {args.long_prompt_tokens} tokens, prefix "
+        f"{args.prefix_tokens} tokens, max_new_tokens {args.max_new_tokens}, max batch tokens "
+        f"{args.max_batch_tokens}, greedy",
+    }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"meta": meta, "table": table}, indent=2))
     columns = list(next(iter(table.values())))
-    lines = [f"# leapdecode bench-batch --scenario {args.scenario}", "", *meta_lines(meta), "",
-             *markdown_table(["run", *columns], [[label, *(_cell(row[c]) for c in columns)]
-                                                 for label, row in table.items()])]
+    lines = [
+        f"# leapdecode bench-batch --scenario {args.scenario}",
+        "",
+        *meta_lines(meta),
+        "",
+        *markdown_table(
+            ["run", *columns], [[label, *(_cell(row[c]) for c in columns)] for label, row in table.items()]
+        ),
+    ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    console.print("\n".join(lines[-len(table) - 2:]))
+    console.print("\n".join(lines[-len(table) - 2 :]))
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}")
     return 0
 
@@ -117,13 +143,23 @@ def _run(method: str, c: int, target, draft, prompts, args, notes: list[str], wa
             notes.append(f"hf-generate-batch @ {c} did not run: {type(error).__name__}: {str(error).splitlines()[0]}")
             return None
     drafter = "none" if method == "engine" else method.removeprefix("engine-")
-    return run_engine(target, prompts, c, args.max_new_tokens, drafter=drafter, draft=draft, warmup=warmup,
-                      max_batch_tokens=args.max_batch_tokens, packed_weights=not args.hf_kernels)
+    return run_engine(
+        target,
+        prompts,
+        c,
+        args.max_new_tokens,
+        drafter=drafter,
+        draft=draft,
+        warmup=warmup,
+        max_batch_tokens=args.max_batch_tokens,
+        packed_weights=not args.hf_kernels,
+    )
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench-batch", help="offline throughput/latency of many requests at once",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "bench-batch", help="offline throughput/latency of many requests at once", description=__doc__
+    )
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--draft-model", help="draft model for engine-draft-model (same tokenizer)")
     p.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)}")
@@ -139,9 +175,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--hf-kernels", action="store_true", help="the engine uses HF's F.linear too")
     p.add_argument("--threads", type=int)
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--scenario", default="throughput", choices=("throughput", "prefill-stall", "prefix-reuse"),
-                   help="throughput (default): methods x concurrency; prefill-stall: decoding streams while a long "
-                        "prompt arrives, chunked or not; prefix-reuse: TTFT with a shared prefix, cold and warm")
+    p.add_argument(
+        "--scenario",
+        default="throughput",
+        choices=("throughput", "prefill-stall", "prefix-reuse"),
+        help="throughput (default): methods x concurrency; prefill-stall: decoding streams while a long "
+        "prompt arrives, chunked or not; prefix-reuse: TTFT with a shared prefix, cold and warm",
+    )
     p.add_argument("--streams", type=int, default=8, help="prefill-stall: decoding streams")
     p.add_argument("--long-prompt-tokens", type=int, default=4000, help="prefill-stall: tokens of the long prompt")
     p.add_argument("--prefix-tokens", type=int, default=1000, help="prefix-reuse: tokens of the shared prefix")
@@ -149,4 +189,3 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_bench_batch)
     return p
-

@@ -8,6 +8,7 @@
 - `prefix-reuse` (the prefix cache): time to first token of a request whose prompt shares a long prefix with an
   earlier one, cold (cache off) and warm (the earlier request left the prefix's keys/values in the cache).
 """
+
 from __future__ import annotations
 
 import time
@@ -25,16 +26,30 @@ def long_prompt(tokenizer, texts: list[str], tokens: int) -> list[int]:
     return ids[:tokens]
 
 
-def prefill_stall(target, prompts: list[list[int]], long: list[int], streams: int, max_new_tokens: int,
-                  max_batch_tokens: int, drafter: str = "none") -> dict:
+def prefill_stall(
+    target,
+    prompts: list[list[int]],
+    long: list[int],
+    streams: int,
+    max_new_tokens: int,
+    max_batch_tokens: int,
+    drafter: str = "none",
+) -> dict:
     """p99 gap between outputs of `streams` decoding requests: alone, with `long` arriving chunked, and unchunked."""
     results = {}
     for label, budget, slowdown, add_long in (
-            ("no long prompt", max_batch_tokens, 2.0, False),
-            (f"chunked (at most {max_batch_tokens} rows, steps within 2x a decode step)", max_batch_tokens, 2.0, True),
-            ("unchunked (whole prompt in one step)", len(long) + streams * 17, float("inf"), True)):
-        engine = Engine(target, drafter=drafter, max_batch_tokens=budget, max_sequences=streams + 1,
-                        prefix_cache_tokens=0, max_decode_slowdown=slowdown)
+        ("no long prompt", max_batch_tokens, 2.0, False),
+        (f"chunked (at most {max_batch_tokens} rows, steps within 2x a decode step)", max_batch_tokens, 2.0, True),
+        ("unchunked (whole prompt in one step)", len(long) + streams * 17, float("inf"), True),
+    ):
+        engine = Engine(
+            target,
+            drafter=drafter,
+            max_batch_tokens=budget,
+            max_sequences=streams + 1,
+            prefix_cache_tokens=0,
+            max_decode_slowdown=slowdown,
+        )
         last: dict[int, float] = {}
         gaps: list[float] = []
 
@@ -53,12 +68,13 @@ def prefill_stall(target, prompts: list[list[int]], long: list[int], streams: in
             if steps == 8:  # every stream is decoding by now: measure from here (the long prompt's arrival) on
                 gaps.clear()
             if steps == 8 and add_long:
-                engine.add_request(long, max_new_tokens=1,
-                                   on_output=lambda out: long_done.__setitem__(0, out.finished))  # noqa: B023 - called at once, in this iteration
+                engine.add_request(long, max_new_tokens=1, on_output=lambda out: long_done.__setitem__(0, out.finished))  # noqa: B023 - called at once, in this iteration
             if add_long and long_done[0]:
                 break
-        results[label] = {"p99_gap_ms": 1000 * (percentile(gaps, 99) or 0.0),
-                          "p50_gap_ms": 1000 * (percentile(gaps, 50) or 0.0)}
+        results[label] = {
+            "p99_gap_ms": 1000 * (percentile(gaps, 99) or 0.0),
+            "p50_gap_ms": 1000 * (percentile(gaps, 50) or 0.0),
+        }
     base = results["no long prompt"]["p99_gap_ms"]
     for row in results.values():
         row["p99_vs_no_long_prompt"] = row["p99_gap_ms"] / base if base else None
@@ -67,6 +83,7 @@ def prefill_stall(target, prompts: list[list[int]], long: list[int], streams: in
 
 def prefix_reuse(target, prefix: list[int], questions: list[list[int]], max_new_tokens: int = 8) -> dict:
     """TTFT of prefix + questions[1] cold (no cache) and warm (after prefix + questions[0] filled the cache)."""
+
     def ttft(engine: Engine, prompt: list[int]) -> float:
         start = time.perf_counter()
         for out in engine.stream(engine.add_request(prompt, max_new_tokens=max_new_tokens)):
@@ -80,5 +97,10 @@ def prefix_reuse(target, prefix: list[int], questions: list[list[int]], max_new_
     engine = Engine(target, prefix_cache_tokens=len(prefix) + 256)
     ttft(engine, prefix + questions[0])
     warm = ttft(engine, prefix + questions[1])
-    return {"prefix tokens": len(prefix), "cold TTFT (s)": cold, "warm TTFT (s)": warm, "warm / cold": warm / cold,
-            "cache hits": engine.prefix_cache.hits}
+    return {
+        "prefix tokens": len(prefix),
+        "cold TTFT (s)": cold,
+        "warm TTFT (s)": warm,
+        "warm / cold": warm / cold,
+        "cache hits": engine.prefix_cache.hits,
+    }

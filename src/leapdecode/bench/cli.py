@@ -3,6 +3,7 @@
 `register(subparsers)` adds the `bench` command to the main CLI (it sets `func` to `cmd_bench(args)`, which returns an
 exit code).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ def _busy() -> str:
     if load + torch.get_num_threads() <= cpus + 0.5:
         return ""
     threads = torch.get_num_threads()
-    return (f"load average {load:.1f} on {cpus} CPUs with {threads} torch thread(s): timings will be noisy"
-            + ("; --threads 1 is steadier on a shared machine" if threads > 1 else ""))
+    return f"load average {load:.1f} on {cpus} CPUs with {threads} torch thread(s): timings will be noisy" + (
+        "; --threads 1 is steadier on a shared machine" if threads > 1 else ""
+    )
 
 
 def default_methods(has_draft: bool, has_head: bool) -> str:
@@ -58,33 +60,45 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .suites import load_suite
 
     has_head = args.head is not None or has_shipped_head(args.model)
-    methods = parse_methods(args.methods or default_methods(args.draft_model is not None, has_head),
-                            args.draft_model is not None)
+    methods = parse_methods(
+        args.methods or default_methods(args.draft_model is not None, has_head), args.draft_model is not None
+    )
     questions = load_suite(args.suite, _names(args.categories) or None, args.per_category)
     defaults = DEFAULTS["quick" if args.suite == "quick" else "other"]
     if args.threads is not None:
         require(args.threads > 0, f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
-    cfg = BenchConfig(methods=methods, max_new_tokens=args.max_new_tokens or defaults["max_new_tokens"],
-                      repeats=args.repeats or defaults["repeats"], draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
-                      sweep=_names(args.sweep), warmup=not args.no_warmup, draft_length=args.draft_length,
-                      max_draft_length=args.max_draft_length, hf_prompt_lookup_tokens=args.hf_prompt_lookup_tokens,
-                      packed_weights=not args.hf_kernels, head=args.head)
+    cfg = BenchConfig(
+        methods=methods,
+        max_new_tokens=args.max_new_tokens or defaults["max_new_tokens"],
+        repeats=args.repeats or defaults["repeats"],
+        draft_lengths=_ints(args.draft_lengths, "--draft-lengths"),
+        sweep=_names(args.sweep),
+        warmup=not args.no_warmup,
+        draft_length=args.draft_length,
+        max_draft_length=args.max_draft_length,
+        hf_prompt_lookup_tokens=args.hf_prompt_lookup_tokens,
+        packed_weights=not args.hf_kernels,
+        head=args.head,
+    )
     target = load_model(args.model, dtype=args.dtype)
     draft = load_model(args.draft_model, dtype=args.draft_dtype) if args.draft_model else None
     if draft is not None:
         from ..api import same_tokenizer
 
-        require(same_tokenizer(draft.tokenizer, target.tokenizer),
-                f"draft model '{draft.name}' uses a different tokenizer from '{target.name}'")
+        require(
+            same_tokenizer(draft.tokenizer, target.tokenizer),
+            f"draft model '{draft.name}' uses a different tokenizer from '{target.name}'",
+        )
     from rich.console import Console
 
     console = Console(stderr=True)
     busy = _busy()
     if busy:
         console.print(f"[yellow]note:[/] {busy}")
-    result = run_benchmark(target, questions, cfg, args.out, draft=draft, suite=args.suite,
-                           progress=not args.no_progress, console=console)
+    result = run_benchmark(
+        target, questions, cfg, args.out, draft=draft, suite=args.suite, progress=not args.no_progress, console=console
+    )
     s = result.summary
     if cfg.packed_weights:
         from ..kernels import describe_kernels
@@ -97,26 +111,39 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if "@" in label and label != s["oracle_best"]:
             continue
         speed = "" if row["speedup"] is None else f"  {row['speedup']:.2f}×"
-        console.print(f"  {label:<18} {row['tokens_per_second']:7.2f} tok/s{speed}  "
-                      f"{row['mean_accepted_tokens']:.2f} tok/forward  identical {100 * row['identical_share']:.0f} %")
+        console.print(
+            f"  {label:<18} {row['tokens_per_second']:7.2f} tok/s{speed}  "
+            f"{row['mean_accepted_tokens']:.2f} tok/forward  identical {100 * row['identical_share']:.0f} %"
+        )
     if s["mismatched_outputs"]:
-        console.print(f"[bold red]MISMATCH: {s['mismatched_outputs']} of {s['outputs']} outputs differ from greedy "
-                      f"— see the top of {result.report}[/]")
+        console.print(
+            f"[bold red]MISMATCH: {s['mismatched_outputs']} of {s['outputs']} outputs differ from greedy "
+            f"— see the top of {result.report}[/]"
+        )
     console.print(f"wrote {result.results}, {result.report}" + "".join(f", {p}" for p in result.plots))
     return 3 if s["mismatched_outputs"] and args.fail_on_mismatch else 0
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="benchmark decoding methods (tokens/s, speedup, acceptance, losslessness)",
-                              description="Measure decoding methods on a suite in the Spec-Bench question format; "
-                                          "write results.json, report.md and PNG plots to --out.")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"target model: packaged name, directory, .gguf or cached hub id (default: {DEFAULT_MODEL})")
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark decoding methods (tokens/s, speedup, acceptance, losslessness)",
+        description="Measure decoding methods on a suite in the Spec-Bench question format; "
+        "write results.json, report.md and PNG plots to --out.",
+    )
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"target model: packaged name, directory, .gguf or cached hub id (default: {DEFAULT_MODEL})",
+    )
     p.add_argument("--draft-model", help="draft model for hf-assisted and draft-model (same tokenizer)")
     p.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)} (default: all that apply)")
-    p.add_argument("--suite", default="quick",
-                   help="quick | dev | heldout | dev-v1 | PATH.jsonl (Spec-Bench question format); a comma-separated "
-                        "list (dev,heldout) runs them as one and reports the splits side by side")
+    p.add_argument(
+        "--suite",
+        default="quick",
+        help="quick | dev | heldout | dev-v1 | PATH.jsonl (Spec-Bench question format); a comma-separated "
+        "list (dev,heldout) runs them as one and reports the splits side by side",
+    )
     p.add_argument("--categories", help="comma-separated subset of the suite's categories")
     p.add_argument("--per-category", type=int, help="only the first N questions of each category")
     p.add_argument("--max-new-tokens", type=int, help="default: 32 for quick, 128 otherwise")
@@ -128,13 +155,22 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--head", help="draft head directory for method head (default: the target's shipped head)")
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (all methods)")
-    p.add_argument("--draft-dtype", default="int8", help="draft model dtype for hf-assisted and draft-model (int8, bfloat16, float32)")
-    p.add_argument("--hf-kernels", action="store_true",
-                   help="leapdecode methods use HF's F.linear too (default: kernels calibrated per host, see README)")
+    p.add_argument(
+        "--draft-dtype",
+        default="int8",
+        help="draft model dtype for hf-assisted and draft-model (int8, bfloat16, float32)",
+    )
+    p.add_argument(
+        "--hf-kernels",
+        action="store_true",
+        help="leapdecode methods use HF's F.linear too (default: kernels calibrated per host, see README)",
+    )
     p.add_argument("--threads", type=int, help="torch threads for all methods (default: torch's choice)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of every method")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--fail-on-mismatch", action="store_true", help="exit with status 3 if any output differs from greedy")
+    p.add_argument(
+        "--fail-on-mismatch", action="store_true", help="exit with status 3 if any output differs from greedy"
+    )
     p.add_argument("--out", required=True, help="output directory (results.json, report.md, *.png)")
     p.set_defaults(func=cmd_bench)
     return p

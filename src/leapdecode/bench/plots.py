@@ -1,4 +1,5 @@
 """PNG plots from the same summary as the report: speedup by category and method; tokens/s against draft length."""
+
 from __future__ import annotations
 
 import pathlib
@@ -22,8 +23,13 @@ def plot_speedup(out: pathlib.Path, summary: dict, labels: list[str]) -> str | N
     for j, label in enumerate(labels):
         ys = [summary["groups"][g].get(label, {}).get("speedup") or 0.0 for g in groups]
         name = f"oracle (k={label.split('@')[1]})" if label == summary["oracle_best"] else label
-        ax.bar([i + (j - (len(labels) - 1) / 2) * width for i in range(len(groups))], ys, width, label=name,
-               color=COLORS.get(label.split("@")[0]))
+        ax.bar(
+            [i + (j - (len(labels) - 1) / 2) * width for i in range(len(groups))],
+            ys,
+            width,
+            label=name,
+            color=COLORS.get(label.split("@")[0]),
+        )
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=20, ha="right")
@@ -46,13 +52,23 @@ def plot_draft_length(out: pathlib.Path, run: dict, summary: dict) -> str | None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in dict.fromkeys(v["method"] for v in swept):
         ks = sorted(v["draft_length"] for v in swept if v["method"] == method)
-        ax.plot(ks, [overall[f"{method}@{k}"]["tokens_per_second"] for k in ks], marker="o",
-                color=COLORS[method], label=f"{method} (fixed k)")
+        ax.plot(
+            ks,
+            [overall[f"{method}@{k}"]["tokens_per_second"] for k in ks],
+            marker="o",
+            color=COLORS[method],
+            label=f"{method} (fixed k)",
+        )
     for v in run["variants"]:
         if v["draft_length"] is None and v["label"] in overall:
-            ax.axhline(overall[v["label"]]["tokens_per_second"], linestyle="--", linewidth=1.2, alpha=0.8,
-                       color="black" if v["label"] == summary["baseline"] else COLORS[v["method"]],
-                       label=f"{v['label']} (default)")
+            ax.axhline(
+                overall[v["label"]]["tokens_per_second"],
+                linestyle="--",
+                linewidth=1.2,
+                alpha=0.8,
+                color="black" if v["label"] == summary["baseline"] else COLORS[v["method"]],
+                label=f"{v['label']} (default)",
+            )
     ks = sorted({v["draft_length"] for v in swept})
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks)

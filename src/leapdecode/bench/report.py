@@ -1,6 +1,7 @@
 """From raw records to numbers people read: medians over repeats, per-category and overall tables, `results.json`
 and `report.md`. Tokens/s of a group is its total new tokens over the sum of median wall times (as Spec-Bench);
 speedup is against `hf-generate` (else `none`) from the same run; % of oracle against the oracle at its best k."""
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,17 @@ def medians(records: list[dict]) -> dict[tuple, dict]:
         groups[(r["question_id"], r["turn"], r["variant"])].append(r)
     out = {}
     for key, rs in groups.items():
-        out[key] = {"category": rs[0]["category"], "method": rs[0]["method"], "draft_length": rs[0]["draft_length"],
-                    "new_tokens": rs[0]["new_tokens"], "repeats": len(rs),
-                    "wall_time": statistics.median(r["wall_time"] for r in rs),
-                    "time_to_first_token": statistics.median(r["time_to_first_token"] for r in rs),
-                    "forward_passes": statistics.median(r["forward_passes"] for r in rs),
-                    "identical": all(r["identical"] for r in rs)}
+        out[key] = {
+            "category": rs[0]["category"],
+            "method": rs[0]["method"],
+            "draft_length": rs[0]["draft_length"],
+            "new_tokens": rs[0]["new_tokens"],
+            "repeats": len(rs),
+            "wall_time": statistics.median(r["wall_time"] for r in rs),
+            "time_to_first_token": statistics.median(r["time_to_first_token"] for r in rs),
+            "forward_passes": statistics.median(r["forward_passes"] for r in rs),
+            "identical": all(r["identical"] for r in rs),
+        }
     return out
 
 
@@ -35,12 +41,16 @@ def _aggregate(items: list[dict]) -> dict:
     tokens = sum(i["new_tokens"] for i in items)
     time = sum(i["wall_time"] for i in items)
     forwards = sum(i["forward_passes"] for i in items)
-    return {"turns": len(items), "new_tokens": tokens, "time": round(time, 4),
-            "tokens_per_second": round(tokens / time, 3) if time > 0 else 0.0,
-            "mean_accepted_tokens": round(tokens / forwards, 3) if forwards else 0.0,
-            "forward_passes": forwards,
-            "time_to_first_token": round(statistics.median(i["time_to_first_token"] for i in items), 4),
-            "identical_share": round(sum(i["identical"] for i in items) / len(items), 4)}
+    return {
+        "turns": len(items),
+        "new_tokens": tokens,
+        "time": round(time, 4),
+        "tokens_per_second": round(tokens / time, 3) if time > 0 else 0.0,
+        "mean_accepted_tokens": round(tokens / forwards, 3) if forwards else 0.0,
+        "forward_passes": forwards,
+        "time_to_first_token": round(statistics.median(i["time_to_first_token"] for i in items), 4),
+        "identical_share": round(sum(i["identical"] for i in items) / len(items), 4),
+    }
 
 
 def summarize(run: dict) -> dict:
@@ -67,12 +77,21 @@ def summarize(run: dict) -> dict:
             row["pct_of_oracle"] = round(100 * row["tokens_per_second"] / ceiling, 1) if ceiling else None
     mismatches = [r for r in run["records"] if not r["identical"]]
     floor, plain = table["overall"].get(FLOOR_METHOD), table["overall"].get("none")
-    overhead = (round(floor["tokens_per_second"] / plain["tokens_per_second"] - 1, 4)
-                if floor and plain and plain["tokens_per_second"] else None)
-    return {"baseline": baseline, "oracle_best": best, "categories": categories, "groups": table,
-            "none_time_per_token_over_floor": overhead,
-            "mismatched_outputs": len(mismatches), "outputs": len(run["records"]),
-            "splits": split_groups(med, labels, baseline, _aggregate)}
+    overhead = (
+        round(floor["tokens_per_second"] / plain["tokens_per_second"] - 1, 4)
+        if floor and plain and plain["tokens_per_second"]
+        else None
+    )
+    return {
+        "baseline": baseline,
+        "oracle_best": best,
+        "categories": categories,
+        "groups": table,
+        "none_time_per_token_over_floor": overhead,
+        "mismatched_outputs": len(mismatches),
+        "outputs": len(run["records"]),
+        "splits": split_groups(med, labels, baseline, _aggregate),
+    }
 
 
 def main_rows(run: dict, summary: dict) -> list[str]:
@@ -92,8 +111,16 @@ def _fmt(x, spec: str, none: str = "–") -> str:
 
 
 def _table(rows: dict[str, dict], labels: list[str], baseline: str | None, best: str | None) -> list[str]:
-    header = ["method", "tok/s", f"speedup vs {baseline or '–'}", "% of oracle", "accepted tok / target forward",
-              "target forwards", "TTFT ms (median)", "identical to greedy"]
+    header = [
+        "method",
+        "tok/s",
+        f"speedup vs {baseline or '–'}",
+        "% of oracle",
+        "accepted tok / target forward",
+        "target forwards",
+        "TTFT ms (median)",
+        "identical to greedy",
+    ]
     body = []
     for label in labels:
         if label not in rows:
@@ -101,23 +128,41 @@ def _table(rows: dict[str, dict], labels: list[str], baseline: str | None, best:
         r = rows[label]
         name = f"oracle (k={label.split('@')[1]}, ceiling)" if label == best else label
         same = f"{100 * r['identical_share']:.0f} %" + ("" if r["identical_share"] == 1 else " ❌ **MISMATCH**")
-        body.append([name, f"{r['tokens_per_second']:.2f}", f"{_fmt(r['speedup'], '.2f')}×",
-                     f"{_fmt(r['pct_of_oracle'], '.0f')} %", f"{r['mean_accepted_tokens']:.2f}",
-                     f"{r['forward_passes']:.0f}", f"{1000 * r['time_to_first_token']:.0f}", same])
+        body.append(
+            [
+                name,
+                f"{r['tokens_per_second']:.2f}",
+                f"{_fmt(r['speedup'], '.2f')}×",
+                f"{_fmt(r['pct_of_oracle'], '.0f')} %",
+                f"{r['mean_accepted_tokens']:.2f}",
+                f"{r['forward_passes']:.0f}",
+                f"{1000 * r['time_to_first_token']:.0f}",
+                same,
+            ]
+        )
     return markdown_table(header, body)
 
 
 def _mismatch_section(run: dict, summary: dict) -> list[str]:
     bad = [r for r in run["records"] if not r["identical"]]
     if not bad:
-        return ["## Losslessness", "", f"All {summary['outputs']} measured outputs are identical to the greedy "
-                "reference (HF `generate`, greedy). ✅", ""]
-    lines = ["## ❌❌ MISMATCH: OUTPUTS DIFFER FROM GREEDY ❌❌", "",
-             f"**{len(bad)} of {summary['outputs']} outputs are not token for token the greedy reference.** Every "
-             "method here is meant to be lossless. The first difference of each (question, turn, method) with the "
-             "target's top-2 logit margin there (a margin within a few units in the last place of the logit in the "
-             "model's dtype, and at least 0.01, reads as a floating-point tie between two near-equal logits; a larger "
-             "one is a bug):", ""]
+        return [
+            "## Losslessness",
+            "",
+            f"All {summary['outputs']} measured outputs are identical to the greedy "
+            "reference (HF `generate`, greedy). ✅",
+            "",
+        ]
+    lines = [
+        "## ❌❌ MISMATCH: OUTPUTS DIFFER FROM GREEDY ❌❌",
+        "",
+        f"**{len(bad)} of {summary['outputs']} outputs are not token for token the greedy reference.** Every "
+        "method here is meant to be lossless. The first difference of each (question, turn, method) with the "
+        "target's top-2 logit margin there (a margin within a few units in the last place of the logit in the "
+        "model's dtype, and at least 0.01, reads as a floating-point tie between two near-equal logits; a larger "
+        "one is a bug):",
+        "",
+    ]
     counts: dict[tuple, int] = defaultdict(int)
     first: dict[tuple, dict] = {}
     for r in bad:
@@ -142,8 +187,12 @@ def _sweep_section(run: dict, summary: dict) -> list[str]:
     ks = sorted({v["draft_length"] for v in swept})
     methods = list(dict.fromkeys(v["method"] for v in swept))
     overall = summary["groups"]["overall"]
-    lines = ["## Draft length sweep (overall, fixed k, adaptive control off)", "",
-             "tok/s (accepted tokens per target forward)", ""]
+    lines = [
+        "## Draft length sweep (overall, fixed k, adaptive control off)",
+        "",
+        "tok/s (accepted tokens per target forward)",
+        "",
+    ]
     rows = []
     for m in methods:
         cells = []
@@ -156,17 +205,24 @@ def _sweep_section(run: dict, summary: dict) -> list[str]:
 
 def write_report(out: pathlib.Path, meta: dict, run: dict, summary: dict, plots: list[str]) -> pathlib.Path:
     s = meta["settings"]
-    lines = [f"# leapdecode benchmark: {meta['model']} on suite `{s['suite']}`", "",
-             f"{meta['timestamp']} · {s['turns']} measured turns from {s['questions']} questions · "
-             f"{s['repeats']} repeat(s) per method, medians reported", ""]
+    lines = [
+        f"# leapdecode benchmark: {meta['model']} on suite `{s['suite']}`",
+        "",
+        f"{meta['timestamp']} · {s['turns']} measured turns from {s['questions']} questions · "
+        f"{s['repeats']} repeat(s) per method, medians reported",
+        "",
+    ]
     lines += _mismatch_section(run, summary)
     lines += ["## Setup", ""] + markdown_table(["", ""], [[k, v] for k, v in meta["setup"].items()], align="-")
     labels, base, best = main_rows(run, summary), summary["baseline"], summary["oracle_best"]
     lines += ["", "## Overall", ""] + _table(summary["groups"]["overall"], labels, base, best) + [""]
     if summary.get("none_time_per_token_over_floor") is not None:
-        lines += [f"Loop overhead: `none` (the full engine, no drafter) takes "
-                  f"{100 * summary['none_time_per_token_over_floor']:+.1f} % time per token against `{FLOOR_METHOD}` "
-                  "(the Runner's forward and an argmax per token, nothing else).", ""]
+        lines += [
+            f"Loop overhead: `none` (the full engine, no drafter) takes "
+            f"{100 * summary['none_time_per_token_over_floor']:+.1f} % time per token against `{FLOOR_METHOD}` "
+            "(the Runner's forward and an argmax per token, nothing else).",
+            "",
+        ]
     for c in summary["categories"]:
         title = CATEGORY_TITLES.get(c, c)
         lines += [f"### {title}" + (f" (`{c}`)" if title != c else ""), ""]
@@ -177,17 +233,21 @@ def write_report(out: pathlib.Path, meta: dict, run: dict, summary: dict, plots:
         lines += cost_table(run["forward_cost"], run["forward_cost_context"])
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
-    lines += ["## Columns", "",
-              "- **tok/s**: new tokens of the group / sum over turns of the median wall time (prompt ids in, token "
-              "ids out; leapdecode methods include chat templating). **speedup**: tok/s over the baseline's in the "
-              "same run and group. **% of oracle**: tok/s over the oracle's (the known greedy continuation drafted "
-              "at the best fixed draft length: the ceiling for any drafter on this machine).",
-              "- **accepted tok / target forward**: new tokens per target forward pass, prefill included (plain "
-              "decoding: 1.00). **target forwards**: their sum over the group (median over repeats per turn).",
-              "- **TTFT**: median over turns of the median time from the call to the first new token.",
-              f"- **{FLOOR_METHOD}**: prefill, then one single-token forward with the warm KV cache and an argmax "
-              "per token, in a bare loop: the floor for plain decoding.",
-              "- **identical to greedy**: share of turns whose output equals the reference in every repeat.", ""]
+    lines += [
+        "## Columns",
+        "",
+        "- **tok/s**: new tokens of the group / sum over turns of the median wall time (prompt ids in, token "
+        "ids out; leapdecode methods include chat templating). **speedup**: tok/s over the baseline's in the "
+        "same run and group. **% of oracle**: tok/s over the oracle's (the known greedy continuation drafted "
+        "at the best fixed draft length: the ceiling for any drafter on this machine).",
+        "- **accepted tok / target forward**: new tokens per target forward pass, prefill included (plain "
+        "decoding: 1.00). **target forwards**: their sum over the group (median over repeats per turn).",
+        "- **TTFT**: median over turns of the median time from the call to the first new token.",
+        f"- **{FLOOR_METHOD}**: prefill, then one single-token forward with the warm KV cache and an argmax "
+        "per token, in a bare loop: the floor for plain decoding.",
+        "- **identical to greedy**: share of turns whose output equals the reference in every repeat.",
+        "",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

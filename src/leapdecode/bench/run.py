@@ -1,4 +1,5 @@
 """The whole benchmark as one call: measure a suite, then write results.json, report.md and the PNG plots."""
+
 from __future__ import annotations
 
 import datetime
@@ -44,25 +45,30 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
         "torch threads": env["torch threads"],
         "versions": env["versions"],
         "target model": f"{ctx.target.name} ({sum(p.numel() for p in ctx.target.model.parameters()) / 1e6:.0f}M "
-                        f"parameters, {ctx.target.path})",
+        f"parameters, {ctx.target.path})",
         "draft model": f"{ctx.draft.name} ({ctx.draft.path}), {dtype_name(ctx.draft.model)} for hf-assisted and draft-model"
-                       if ctx.draft else "none",
+        if ctx.draft
+        else "none",
         "dtype": dtype_name(ctx.target.model) + " (target, all methods)",
         "suite": f"{suite}: {len(questions)} questions, {sum(len(q.turns) for q in questions)} turns, categories "
-                 + ", ".join(dict.fromkeys(q.category for q in questions)),
+        + ", ".join(dict.fromkeys(q.category for q in questions)),
         "decoding": f"greedy, max_new_tokens {cfg.max_new_tokens}, eos ids {list(ctx.target.eos_token_ids)}",
         "reference": "HF `generate` greedy (untimed run per turn); later turns carry its answers",
         "timing": f"{'warm-up of every method, ' if cfg.warmup else 'no warm-up, '}{cfg.repeats} repeat(s), "
-                  "method order rotated per turn and repeat, median per turn",
+        "method order rotated per turn and repeat, median per turn",
         "leapdecode drafters": f"adaptive k starting at {cfg.draft_length}, at most {cfg.max_draft_length}; ngram "
-                               "store fresh per repeat (learns across the suite, never from its own earlier repeat)",
+        "store fresh per repeat (learns across the suite, never from its own earlier repeat)",
         "draft-length sweep": f"k in {sorted(set(cfg.draft_lengths))} for oracle"
-                              + "".join(f", {m}" for m in cfg.sweep) + " (adaptive off)",
+        + "".join(f", {m}" for m in cfg.sweep)
+        + " (adaptive off)",
         "hf-prompt-lookup": f"prompt_lookup_num_tokens={cfg.hf_prompt_lookup_tokens}",
         "draft head": _head_source(ctx) if "head" in cfg.methods else "not measured",
-        "linear kernels": ("chosen per layer shape and row count by calibration on this host for leapdecode methods "
-                           "(see 'kernels chosen'), HF's F.linear for hf-* methods"
-                           if cfg.packed_weights else "HF's F.linear for all methods (--hf-kernels)"),
+        "linear kernels": (
+            "chosen per layer shape and row count by calibration on this host for leapdecode methods "
+            "(see 'kernels chosen'), HF's F.linear for hf-* methods"
+            if cfg.packed_weights
+            else "HF's F.linear for all methods (--hf-kernels)"
+        ),
         "command": env["command"],
     }
 
@@ -70,13 +76,24 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
 def _head_source(ctx: BenchContext) -> str:
     head = attached_head(ctx.target, ctx.head or ctx.target.name)
     summary = head.meta.get("summary", {})
-    return (f"{ctx.head or 'shipped head of ' + ctx.target.name}: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M "
-            f"parameters, {len(head.vocab_ids)} output tokens, trained on {summary.get('answer_tokens', '?')} answer "
-            "tokens of the project's own prompts (none from the suites)")
+    return (
+        f"{ctx.head or 'shipped head of ' + ctx.target.name}: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M "
+        f"parameters, {len(head.vocab_ids)} output tokens, trained on {summary.get('answer_tokens', '?')} answer "
+        "tokens of the project's own prompts (none from the suites)"
+    )
 
 
-def run_benchmark(target, questions: list[Question], cfg: BenchConfig, out: str | pathlib.Path, *, draft=None,
-                  suite: str = "", progress: bool = True, console=None) -> BenchOutput:
+def run_benchmark(
+    target,
+    questions: list[Question],
+    cfg: BenchConfig,
+    out: str | pathlib.Path,
+    *,
+    draft=None,
+    suite: str = "",
+    progress: bool = True,
+    console=None,
+) -> BenchOutput:
     """Measure `questions` with every method of `cfg` on the loaded `target` (and `draft`), write DIR/results.json,
     DIR/report.md, DIR/speedup.png and DIR/draft_length.png; return the summary and the paths."""
     out = pathlib.Path(out)
@@ -106,15 +123,24 @@ def run_benchmark(target, questions: list[Question], cfg: BenchConfig, out: str 
 
         setup["kernels chosen"] = "; ".join(describe_kernels(target.model))
         run["kernels"] = kernel_table(target.model)
-    setup["load average (1 min)"] = (f"{load_start} at start, {_load()} at end on {os.cpu_count()} CPUs"
-                                     + (": a busy machine, timings are noisy" if max(load_start, _load()) >
-                                        (os.cpu_count() or 1) else ""))
-    meta = {"model": target.name, "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
-            "setup": setup, "config": asdict(cfg),
-            "settings": {"suite": suite, "questions": len(questions), "turns": sum(len(q.turns) for q in questions),
-                         "repeats": cfg.repeats}}
-    plots = [p for p in (plot_speedup(out, summary, main_rows(run, summary)), plot_draft_length(out, run, summary))
-             if p]
+    setup["load average (1 min)"] = f"{load_start} at start, {_load()} at end on {os.cpu_count()} CPUs" + (
+        ": a busy machine, timings are noisy" if max(load_start, _load()) > (os.cpu_count() or 1) else ""
+    )
+    meta = {
+        "model": target.name,
+        "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
+        "setup": setup,
+        "config": asdict(cfg),
+        "settings": {
+            "suite": suite,
+            "questions": len(questions),
+            "turns": sum(len(q.turns) for q in questions),
+            "repeats": cfg.repeats,
+        },
+    }
+    plots = [
+        p for p in (plot_speedup(out, summary, main_rows(run, summary)), plot_draft_length(out, run, summary)) if p
+    ]
     results = write_results(out, meta, [q.as_dict() for q in questions], run, summary)
     report = write_report(out, meta, run, summary, plots)
     return BenchOutput(summary, results, report, [out / p for p in plots])

@@ -8,6 +8,7 @@ five-question smoke run; ``dev-v1``, the seven-category dev suite of earlier rel
 a path to such a file. A comma-separated list (``dev,heldout``) runs several suites as one, each question id
 prefixed with its suite's name (``dev:3``) so that the report can show the splits side by side.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ SPLIT_SEP = ":"  # between a suite's name and a question id when several suites 
 # Spec-Bench's 13 categories (the first eight, MT-bench's, are its "multi-turn conversation"), plus the earlier
 # suites' mt_bench and code; a user file may use any category name.
 CATEGORY_TITLES = {
-    "writing": "writing", "roleplay": "roleplay", "reasoning": "reasoning", "math": "math", "coding": "coding",
-    "extraction": "extraction", "stem": "STEM", "humanities": "humanities",
+    "writing": "writing",
+    "roleplay": "roleplay",
+    "reasoning": "reasoning",
+    "math": "math",
+    "coding": "coding",
+    "extraction": "extraction",
+    "stem": "STEM",
+    "humanities": "humanities",
     "mt_bench": "multi-turn conversation",
     "translation": "translation",
     "summarization": "summarization",
@@ -59,8 +66,10 @@ def parse_question(obj, where: str) -> Question:
     for key in ("question_id", "category", "turns"):
         require(key in obj, f"{where}: missing field '{key}' (Spec-Bench format: question_id, category, turns)")
     qid, category, turns = obj["question_id"], obj["category"], obj["turns"]
-    require(isinstance(qid, (int, str)) and not isinstance(qid, bool) and str(qid) != "",
-            f"{where}: 'question_id' must be a non-empty string or an integer")
+    require(
+        isinstance(qid, (int, str)) and not isinstance(qid, bool) and str(qid) != "",
+        f"{where}: 'question_id' must be a non-empty string or an integer",
+    )
     require(isinstance(category, str) and category.strip() != "", f"{where}: 'category' must be a non-empty string")
     require(isinstance(turns, list) and len(turns) > 0, f"{where}: 'turns' must be a non-empty list of strings")
     for i, turn in enumerate(turns):
@@ -79,8 +88,11 @@ def load_suite(spec: str, categories: list[str] | None = None, per_category: int
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if len(names) > 1 and not pathlib.Path(spec).expanduser().is_file():
         require(len(set(names)) == len(names), f"suite list '{spec}' names a suite twice")
-        return [Question(f"{name}{SPLIT_SEP}{q.question_id}", q.category, q.turns)
-                for name in names for q in load_suite(name, categories, per_category)]
+        return [
+            Question(f"{name}{SPLIT_SEP}{q.question_id}", q.category, q.turns)
+            for name in names
+            for q in load_suite(name, categories, per_category)
+        ]
     path = suite_path(spec)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

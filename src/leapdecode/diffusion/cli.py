@@ -3,6 +3,7 @@
 `register(subparsers)` adds the `dllm` command to the main CLI; every subcommand sets `func`, to be called as
 `args.func(args)` (returns an exit code).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,23 @@ def _threads(n: int) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import TrainConfig, train
 
-    cfg = TrainConfig(out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      hidden_size=args.hidden_size, layers=args.layers, heads=args.heads, seed=args.seed,
-                      threads=args.threads, max_minutes=args.max_minutes, tasks=_tasks(args.tasks) or [],
-                      init_from=args.init_from, task_weights=_weights(args.task_weights), loss=args.loss,
-                      eval_per_task=args.eval_per_task)
+    cfg = TrainConfig(
+        out=args.out,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        hidden_size=args.hidden_size,
+        layers=args.layers,
+        heads=args.heads,
+        seed=args.seed,
+        threads=args.threads,
+        max_minutes=args.max_minutes,
+        tasks=_tasks(args.tasks) or [],
+        init_from=args.init_from,
+        task_weights=_weights(args.task_weights),
+        loss=args.loss,
+        eval_per_task=args.eval_per_task,
+    )
     train(cfg, command=" ".join(["leapdecode", *sys.argv[1:]]))
     return 0
 
@@ -57,8 +70,14 @@ def cmd_train_filter(args: argparse.Namespace) -> int:
     from .model import CHECKPOINT_DIR
 
     _threads(args.threads)
-    train_filter(_load_lm(args.model), args.out or args.model or CHECKPOINT_DIR, _tasks(args.tasks),
-                 per_task=args.per_task, seed=args.seed, epochs=args.epochs)
+    train_filter(
+        _load_lm(args.model),
+        args.out or args.model or CHECKPOINT_DIR,
+        _tasks(args.tasks),
+        per_task=args.per_task,
+        seed=args.seed,
+        epochs=args.epochs,
+    )
     return 0
 
 
@@ -71,22 +90,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     require(args.gen_len > 0, f"--gen-len must be positive, got {args.gen_len}")
     require(args.prompt != "", "the prompt is empty")
     require(args.decoder != "egp", "egp is an oracle that needs a reference decode; it runs only in `dllm bench`")
-    decoder = make_decoder(args.decoder, threshold=args.threshold, steps=args.steps,
-                           filter_dir=args.filter or args.model)
+    decoder = make_decoder(
+        args.decoder, threshold=args.threshold, steps=args.steps, filter_dir=args.filter or args.model
+    )
     lm = _load_lm(args.model)
     tok = CharTokenizer()
     prompts = encode_prompts(tok, [args.prompt])
     res = diffusion_decode(lm, prompts, args.gen_len, decoder, block_len=args.block_len, eotp=args.eotp)
-    gen = res.canvas[0, prompts.shape[1]:].tolist()
+    gen = res.canvas[0, prompts.shape[1] :].tolist()
     print(tok.decode(gen))
-    print(f"[{decoder.describe()}{' + eotp' if args.eotp else ''}: {int(res.nfe[0])} forward passes for "
-          f"{args.gen_len} positions, {1000 * res.seconds:.0f} ms]", file=sys.stderr)
+    print(
+        f"[{decoder.describe()}{' + eotp' if args.eotp else ''}: {int(res.nfe[0])} forward passes for "
+        f"{args.gen_len} positions, {1000 * res.seconds:.0f} ms]",
+        file=sys.stderr,
+    )
     if args.show_steps:
-        order = res.committed_step[0, prompts.shape[1]:].tolist()
+        order = res.committed_step[0, prompts.shape[1] :].tolist()
         for step in range(int(res.nfe[0])):
             shown = [tok.vocab[t] if s <= step else "_" for t, s in zip(gen, order)]
-            print(f"  step {step + 1:2d}: " + "".join("." if c == "<pad>" else "$" if c == "<eos>" else c
-                                                       for c in shown), file=sys.stderr)
+            print(
+                f"  step {step + 1:2d}: " + "".join("." if c == "<pad>" else "$" if c == "<eos>" else c for c in shown),
+                file=sys.stderr,
+            )
     return 0
 
 
@@ -101,8 +126,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     require(args.gen_len > 0, f"--gen-len must be positive, got {args.gen_len}")
     tasks = resolve_tasks(_tasks(args.tasks))
     filt = None if args.no_learn2pd else PositionFilter.load(args.filter or args.model or CHECKPOINT_DIR)
-    report = run_bench(_load_lm(args.model), args.out, filt, tasks, per_task=args.per_task, gen_len=args.gen_len,
-                       block_len=args.block_len, batch_size=args.batch_size)
+    report = run_bench(
+        _load_lm(args.model),
+        args.out,
+        filt,
+        tasks,
+        per_task=args.per_task,
+        gen_len=args.gen_len,
+        block_len=args.block_len,
+        batch_size=args.batch_size,
+    )
     print(markdown(report))
     print(f"wrote {args.out}/dllm_bench.json, dllm_bench.md, dllm_bench.png")
     return 0
@@ -130,13 +163,25 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--max-minutes", type=float, default=d.max_minutes, help="stop (and save) after this long")
-    p.add_argument("--loss", choices=["elbo", "tokens"], default=d.loss,
-                   help="elbo: LLaDA's 1/t-weighted loss; tokens: mean CE over masked tokens")
-    p.add_argument("--eval-per-task", type=int, default=d.eval_per_task,
-                   help="held-out prompts per task for the accuracy check after training (0: skip)")
+    p.add_argument(
+        "--loss",
+        choices=["elbo", "tokens"],
+        default=d.loss,
+        help="elbo: LLaDA's 1/t-weighted loss; tokens: mean CE over masked tokens",
+    )
+    p.add_argument(
+        "--eval-per-task",
+        type=int,
+        default=d.eval_per_task,
+        help="held-out prompts per task for the accuracy check after training (0: skip)",
+    )
     p.add_argument("--tasks", help="comma-separated subset of tasks (default: all)")
-    p.add_argument("--task-weights", help="sampling weights, e.g. 'add=2,fmt=1.5' (others 1; default "
-                   + ",".join(f"{k}={v:g}" for k, v in TASK_WEIGHTS.items()) + ")")
+    p.add_argument(
+        "--task-weights",
+        help="sampling weights, e.g. 'add=2,fmt=1.5' (others 1; default "
+        + ",".join(f"{k}={v:g}" for k, v in TASK_WEIGHTS.items())
+        + ")",
+    )
     p.add_argument("--init-from", help="continue training this saved model (same tasks and vocabulary)")
     p.set_defaults(func=cmd_train)
 

@@ -1,12 +1,14 @@
 """EoTP (End-of-Text Prediction, from Learn2PD): once <eos> is committed, every still-masked position after it is
 end-of-text padding, so it is filled with <pad> at once instead of being decoded one forward at a time."""
+
 from __future__ import annotations
 
 import torch
 
 
-def fill_after_eos(canvas: torch.LongTensor, committed: torch.BoolTensor, mask_id: int, eos_id: int,
-                   pad_id: int) -> torch.BoolTensor:
+def fill_after_eos(
+    canvas: torch.LongTensor, committed: torch.BoolTensor, mask_id: int, eos_id: int, pad_id: int
+) -> torch.BoolTensor:
     """In place: masked positions after the first committed <eos> become <pad>. Returns the positions filled."""
     is_eos = committed & (canvas == eos_id)
     cut = torch.zeros_like(committed)

@@ -24,6 +24,7 @@ lm = HFMaskedLM(model, mask_token_id=126336, eos_token_id=126081, pad_token_id=1
 # (Dream predicts token i from position i-1, so its logits are shifted right by one).
 ```
 """
+
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
@@ -50,8 +51,15 @@ class HFMaskedLM:
     the shipped `MaskedDiffusionLM`, LLaDA (`GSAI-ML/LLaDA-8B-*`) and Dream (`Dream-org/Dream-v0-*`, with
     `shift_logits=True`) loaded from a local directory."""
 
-    def __init__(self, model: torch.nn.Module, mask_token_id: int, eos_token_id: int, pad_token_id: int,
-                 max_length: int, shift_logits: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        mask_token_id: int,
+        eos_token_id: int,
+        pad_token_id: int,
+        max_length: int,
+        shift_logits: bool = False,
+    ) -> None:
         self.model, self.shift_logits = model, shift_logits
         self.mask_token_id, self.eos_token_id, self.pad_token_id = mask_token_id, eos_token_id, pad_token_id
         self.max_length = max_length

@@ -6,6 +6,7 @@ weighted by 1/t, an upper bound on the negative log-likelihood. Here the layers 
 modules have `is_causal = False` and receive no mask, so every position sees every other one.
 `save_pretrained` / `from_pretrained` round-trip like any transformers model.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,10 +24,22 @@ CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"
 class MaskedDiffusionConfig(PretrainedConfig):
     model_type = "leapdecode-masked-diffusion"
 
-    def __init__(self, vocab_size: int = 50, hidden_size: int = 128, intermediate_size: int = 384,
-                 num_hidden_layers: int = 4, num_attention_heads: int = 4, max_position_embeddings: int = 64,
-                 mask_token_id: int = 1, pad_token_id: int = 0, eos_token_id: int = 2, rope_theta: float = 10000.0,
-                 rms_norm_eps: float = 1e-5, absolute_positions: bool = False, **kwargs) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 50,
+        hidden_size: int = 128,
+        intermediate_size: int = 384,
+        num_hidden_layers: int = 4,
+        num_attention_heads: int = 4,
+        max_position_embeddings: int = 64,
+        mask_token_id: int = 1,
+        pad_token_id: int = 0,
+        eos_token_id: int = 2,
+        rope_theta: float = 10000.0,
+        rms_norm_eps: float = 1e-5,
+        absolute_positions: bool = False,
+        **kwargs,
+    ) -> None:
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -41,11 +54,19 @@ class MaskedDiffusionConfig(PretrainedConfig):
 
     def llama_config(self) -> LlamaConfig:
         cfg = LlamaConfig(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_attention_heads, max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=self.rms_norm_eps, rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            attention_bias=False, mlp_bias=False, hidden_act="silu")
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_attention_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            attention_bias=False,
+            mlp_bias=False,
+            hidden_act="silu",
+        )
         cfg._attn_implementation = "sdpa"
         return cfg
 
@@ -63,8 +84,11 @@ class MaskedDiffusionLM(PreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # the task layouts are fixed (answer region at a fixed column), so absolute positions make the positional
         # lookups (copy column j of the prompt into answer column i) direct to learn
-        self.embed_positions = (nn.Embedding(config.max_position_embeddings, config.hidden_size)
-                                if getattr(config, "absolute_positions", False) else None)
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if getattr(config, "absolute_positions", False)
+            else None
+        )
         self.layers = nn.ModuleList(LlamaDecoderLayer(lcfg, i) for i in range(config.num_hidden_layers))
         for layer in self.layers:
             layer.self_attn.is_causal = False  # bidirectional: the one change that makes it a diffusion LM
@@ -84,8 +108,10 @@ class MaskedDiffusionLM(PreTrainedModel):
             super()._init_weights(module)  # rotary inverse frequencies (non-persistent buffers)
 
     def forward(self, input_ids: torch.LongTensor) -> torch.Tensor:
-        require(input_ids.shape[1] <= self.config.max_position_embeddings,
-                f"canvas of {input_ids.shape[1]} tokens exceeds the model's {self.config.max_position_embeddings}")
+        require(
+            input_ids.shape[1] <= self.config.max_position_embeddings,
+            f"canvas of {input_ids.shape[1]} tokens exceeds the model's {self.config.max_position_embeddings}",
+        )
         h = self.embed_tokens(input_ids)
         pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand(input_ids.shape[0], -1)
         if self.embed_positions is not None:
@@ -96,9 +122,15 @@ class MaskedDiffusionLM(PreTrainedModel):
         return self.lm_head(self.norm(h))
 
 
-def masked_diffusion_loss(model: MaskedDiffusionLM, tokens: torch.LongTensor, answer_mask: torch.BoolTensor,
-                          generator: torch.Generator | None = None, eps: float = 1e-3, weighting: str = "elbo",
-                          stratified: bool = False) -> torch.Tensor:
+def masked_diffusion_loss(
+    model: MaskedDiffusionLM,
+    tokens: torch.LongTensor,
+    answer_mask: torch.BoolTensor,
+    generator: torch.Generator | None = None,
+    eps: float = 1e-3,
+    weighting: str = "elbo",
+    stratified: bool = False,
+) -> torch.Tensor:
     """LLaDA's SFT objective: mask answer tokens with prob t ~ U(eps, 1]; CE on masked tokens.
 
     weighting "elbo": weighted by 1/t and normalised by each sequence's answer length (LLaDA; an upper bound on the

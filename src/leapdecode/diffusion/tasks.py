@@ -18,6 +18,7 @@ could not show what parallel decoding loses; they were dropped from the suite.
 Each task's checker accepts *any* valid answer. Held-out examples are those whose prompt hashes into the held-out
 bucket; training never sees them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,10 +34,10 @@ if TYPE_CHECKING:
 PAD, MASK, EOS = "<pad>", "<mask>", "<eos>"
 SPECIAL = [PAD, MASK, EOS]
 CHARS = list("0123456789abcdefghijklmnopqrstuvwxyz ,:;=+?{}|")
-GEN_LEN = 16          # answer region (answer + <eos> + <pad>s) used by the suite
-MAX_LEN = 64          # model context: prompt + answer region must fit
+GEN_LEN = 16  # answer region (answer + <eos> + <pad>s) used by the suite
+MAX_LEN = 64  # model context: prompt + answer region must fit
 HELDOUT_BUCKETS = 10  # 1 bucket in 10 is held out
-PROMPT_WIDTH = 24     # prompts are left-padded to this width, so the answer region starts at a fixed column
+PROMPT_WIDTH = 24  # prompts are left-padded to this width, so the answer region starts at a fixed column
 
 
 class CharTokenizer:
@@ -77,9 +78,9 @@ class Example:
 @dataclass(frozen=True)
 class Task:
     name: str
-    multi_answer: bool                          # several valid answers whose tokens must agree
+    multi_answer: bool  # several valid answers whose tokens must agree
     make: Callable[[random.Random], tuple[str, str]]
-    check: Callable[[str, str], bool]           # (prompt, output) -> valid?
+    check: Callable[[str, str], bool]  # (prompt, output) -> valid?
 
 
 def _digits(rng: random.Random, lo: int, hi: int) -> str:
@@ -151,8 +152,12 @@ def _sum_check(prompt, out):
     total, tag = _payload(prompt).split(" ")
     head, _, expr = out.partition(":")
     parts = expr.split("+")
-    return head == tag and len(parts) == 2 and all(len(p) == 1 and p.isdigit() for p in parts) and \
-        int(parts[0]) + int(parts[1]) == int(total)
+    return (
+        head == tag
+        and len(parts) == 2
+        and all(len(p) == 1 and p.isdigit() for p in parts)
+        and int(parts[0]) + int(parts[1]) == int(total)
+    )
 
 
 # the valid fillers of the `likes` template, chosen so that the per-position majority letters ("t", "a", "n") spell a
@@ -179,17 +184,20 @@ def _fmt(rng):
     return f"fmt {name} {age}", rng.choice(sorted(_formats(name, age)))
 
 
-TASKS: dict[str, Task] = {t.name: t for t in [
-    Task("copy", False, _copy, lambda p, o: o == _payload(p)),
-    Task("reverse", False, _reverse, lambda p, o: o == _payload(p)[::-1]),
-    Task("sort", False, _sort, lambda p, o: o == "".join(sorted(_payload(p)))),
-    Task("add", False, _add, _add_check),
-    Task("nth", False, _nth, _nth_check),
-    Task("record", False, _record, lambda p, o: o == "{n:%s,a:%s}" % tuple(_payload(p).split(" "))),
-    Task("sum", True, _sum, _sum_check),
-    Task("likes", True, _likes, _likes_check),
-    Task("fmt", True, _fmt, lambda p, o: o in _formats(*_payload(p).split(" "))),
-]}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in [
+        Task("copy", False, _copy, lambda p, o: o == _payload(p)),
+        Task("reverse", False, _reverse, lambda p, o: o == _payload(p)[::-1]),
+        Task("sort", False, _sort, lambda p, o: o == "".join(sorted(_payload(p)))),
+        Task("add", False, _add, _add_check),
+        Task("nth", False, _nth, _nth_check),
+        Task("record", False, _record, lambda p, o: o == "{n:%s,a:%s}" % tuple(_payload(p).split(" "))),
+        Task("sum", True, _sum, _sum_check),
+        Task("likes", True, _likes, _likes_check),
+        Task("fmt", True, _fmt, lambda p, o: o in _formats(*_payload(p).split(" "))),
+    ]
+}
 
 
 def is_heldout(prompt: str) -> bool:
@@ -245,5 +253,5 @@ def encode_training_batch(tok: CharTokenizer, examples: list[Example], gen_len: 
         answers.append(a + [tok.pad_id] * (gen_len - len(a)))
     tokens = torch.cat([prompts, torch.tensor(answers, dtype=torch.long)], dim=1)
     answer_mask = torch.zeros_like(tokens, dtype=torch.bool)
-    answer_mask[:, prompts.shape[1]:] = True
+    answer_mask[:, prompts.shape[1] :] = True
     return tokens, answer_mask

@@ -3,6 +3,7 @@
 LLaDA's 1/t-weighted loss (`--loss elbo`) is available; the default is the plain mean CE over masked tokens, because in
 a measured ablation (3 content-matching tasks since dropped from the suite, 900 steps) the 1/t variance kept them at
 0 % while the plain mean started learning them (lr 1e-3; at 2e-3 neither did)."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,17 @@ from .tasks import GEN_LEN, MAX_LEN, TASKS, CharTokenizer, encode_training_batch
 
 # tasks that need more updates to learn get sampled more often (copy/reverse/sort/record are learned early; add's
 # carries and the multi-answer conditionals take most of the run)
-TASK_WEIGHTS = {"copy": 0.5, "reverse": 0.5, "sort": 0.75, "record": 0.5, "add": 2.0, "nth": 1.0, "sum": 1.0,
-                "likes": 0.75, "fmt": 1.25}
+TASK_WEIGHTS = {
+    "copy": 0.5,
+    "reverse": 0.5,
+    "sort": 0.75,
+    "record": 0.5,
+    "add": 2.0,
+    "nth": 1.0,
+    "sum": 1.0,
+    "likes": 0.75,
+    "fmt": 1.25,
+}
 
 
 @dataclass
@@ -42,9 +52,9 @@ class TrainConfig:
     log_every: int = 200
     save_every: int = 500
     task_weights: dict[str, float] = field(default_factory=lambda: dict(TASK_WEIGHTS))
-    loss: str = "tokens"           # "tokens" (mean CE over masked tokens) or "elbo" (LLaDA 1/t); see model.py
-    stratified: bool = True        # stratified masking rates across each batch
-    eval_per_task: int = 100       # after training: held-out accuracy per task, one token per forward (0: skip)
+    loss: str = "tokens"  # "tokens" (mean CE over masked tokens) or "elbo" (LLaDA 1/t); see model.py
+    stratified: bool = True  # stratified masking rates across each batch
+    eval_per_task: int = 100  # after training: held-out accuracy per task, one token per forward (0: skip)
     init_from: str | None = None  # continue training a saved model instead of starting from scratch
 
     def __post_init__(self) -> None:
@@ -80,7 +90,7 @@ def heldout_accuracy(model: MaskedDiffusionLM, tasks: list[str], per_task: int, 
         ex = [e for e in examples if e.task == task]
         prompts = encode_prompts(tok, [e.prompt for e in ex])
         res = diffusion_decode(lm, prompts, GEN_LEN, FixedStepsDecoder(steps=GEN_LEN))
-        gen = res.canvas[:, prompts.shape[1]:]
+        gen = res.canvas[:, prompts.shape[1] :]
         acc[task] = round(100.0 * sum(check(e, tok.decode(g.tolist())) for e, g in zip(ex, gen)) / len(ex), 1)
     return acc
 
@@ -94,14 +104,25 @@ def train(cfg: TrainConfig, log=print, command: str | None = None) -> dict:
     if cfg.init_from:
         model = MaskedDiffusionLM.from_pretrained(cfg.init_from)
     else:
-        model = MaskedDiffusionLM(MaskedDiffusionConfig(
-            vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=3 * cfg.hidden_size,
-            num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, max_position_embeddings=MAX_LEN,
-            mask_token_id=tok.mask_id, pad_token_id=tok.pad_id, eos_token_id=tok.eos_id,
-            absolute_positions=cfg.absolute_positions))
+        model = MaskedDiffusionLM(
+            MaskedDiffusionConfig(
+                vocab_size=len(tok),
+                hidden_size=cfg.hidden_size,
+                intermediate_size=3 * cfg.hidden_size,
+                num_hidden_layers=cfg.layers,
+                num_attention_heads=cfg.heads,
+                max_position_embeddings=MAX_LEN,
+                mask_token_id=tok.mask_id,
+                pad_token_id=tok.pad_id,
+                eos_token_id=tok.eos_id,
+                absolute_positions=cfg.absolute_positions,
+            )
+        )
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params / 1e6:.2f}M parameters{' from ' + cfg.init_from if cfg.init_from else ''}; "
-        f"tasks: {', '.join(cfg.tasks)}")
+    log(
+        f"model: {n_params / 1e6:.2f}M parameters{' from ' + cfg.init_from if cfg.init_from else ''}; "
+        f"tasks: {', '.join(cfg.tasks)}"
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     weights = [cfg.task_weights.get(t, 1.0) for t in cfg.tasks]
     out = Path(cfg.out)
@@ -128,14 +149,26 @@ def train(cfg: TrainConfig, log=print, command: str | None = None) -> dict:
             break
     model.eval()
     model.save_pretrained(out)
-    record = {"command": command, "config": asdict(cfg), "parameters": n_params, "steps_done": step + 1,
-              "train_seconds": round(time.time() - start, 1), "history": history}
+    record = {
+        "command": command,
+        "config": asdict(cfg),
+        "parameters": n_params,
+        "steps_done": step + 1,
+        "train_seconds": round(time.time() - start, 1),
+        "history": history,
+    }
     if cfg.eval_per_task:
         acc = heldout_accuracy(model, cfg.tasks, cfg.eval_per_task)
         record["heldout_accuracy_one_token_per_forward"] = {
-            "per_task": cfg.eval_per_task, "accuracy": acc, "mean": round(sum(acc.values()) / len(acc), 1)}
-        log("held-out accuracy, one token per forward: " + ", ".join(f"{t} {a:.0f}%" for t, a in acc.items())
-            + f"; mean {record['heldout_accuracy_one_token_per_forward']['mean']:.1f}%")
+            "per_task": cfg.eval_per_task,
+            "accuracy": acc,
+            "mean": round(sum(acc.values()) / len(acc), 1),
+        }
+        log(
+            "held-out accuracy, one token per forward: "
+            + ", ".join(f"{t} {a:.0f}%" for t, a in acc.items())
+            + f"; mean {record['heldout_accuracy_one_token_per_forward']['mean']:.1f}%"
+        )
     record["total_seconds"] = round(time.time() - start, 1)
     (out / "train_log.json").write_text(json.dumps(record, indent=1))
     log(f"saved to {out} after {record['train_seconds'] / 60:.1f} min")

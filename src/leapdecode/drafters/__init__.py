@@ -1,4 +1,5 @@
 """Drafters: one file each, one interface (`propose(context, k)`, `observe(context, n_new)`)."""
+
 from __future__ import annotations
 
 from ..errors import LeapDecodeError
@@ -12,8 +13,18 @@ from .prompt_lookup import PromptLookupDrafter
 
 DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model", "head")
 
-__all__ = ["Draft", "Drafter", "DRAFTERS", "make_drafter", "NoDrafter", "PromptLookupDrafter", "NGramDrafter",
-           "DraftModelDrafter", "HeadDrafter", "OracleDrafter"]
+__all__ = [
+    "Draft",
+    "Drafter",
+    "DRAFTERS",
+    "make_drafter",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "NGramDrafter",
+    "DraftModelDrafter",
+    "HeadDrafter",
+    "OracleDrafter",
+]
 
 
 def make_drafter(name: str, *, draft_model=None, reference: list[int] | None = None, head=None, **options) -> Drafter:

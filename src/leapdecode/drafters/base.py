@@ -1,4 +1,5 @@
 """The one interface every drafter implements."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

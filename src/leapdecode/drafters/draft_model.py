@@ -3,6 +3,7 @@
 Drafting stops early when the draft model's most likely token falls under a confidence threshold (in the spirit of
 PEARL/DEL's adaptive draft length): an unsure drafter wastes verification positions. The decision uses only the
 draft distribution, before sampling, so speculative sampling stays exact."""
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ product of its top-1 probabilities along the draft falls under `confidence` (EAG
 confidence tracks acceptance); a draft keeps at least one token. Drafting costs a few small matrix products per token
 and no KV cache, so a rejected draft leaves nothing to undo.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,8 @@ class HeadDrafter(Drafter):
     def start(self, prompt_ids, sampling) -> None:
         self.feature = None
         self.known = set(self.head.vocab_ids.tolist())
-        self.extra_ids: list[int] = []                                     # request tokens outside vocab_ids
-        self.extra_weight = self.head.out_weight[:0]                       # their output-head rows
+        self.extra_ids: list[int] = []  # request tokens outside vocab_ids
+        self.extra_weight = self.head.out_weight[:0]  # their output-head rows
         self._add(prompt_ids)
 
     def observe(self, context: list[int], n_new: int) -> None:

@@ -2,6 +2,7 @@
 seeded from the prompt and updated online from every accepted token, kept across requests of the same process.
 Each draft token maximises an upper confidence bound: the successor's observed frequency (exploitation) plus a
 bonus for successors that were rarely proposed yet (exploration)."""
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,9 @@ class NGramDrafter(Drafter):
     name = "ngram"
     _shared: dict[str, NGramStore] = {}  # one store per vocabulary key, alive for the whole process
 
-    def __init__(self, exploration: float = 0.3, min_score: float = 0.2, min_count: int = 1, store_key: str = "default"):
+    def __init__(
+        self, exploration: float = 0.3, min_score: float = 0.2, min_count: int = 1, store_key: str = "default"
+    ):
         require(exploration >= 0, f"ngram exploration must be >= 0, got {exploration}")
         require(0 <= min_score <= 1, f"ngram min_score must be in [0, 1], got {min_score}")
         self.exploration, self.min_score, self.min_count = exploration, min_score, min_count

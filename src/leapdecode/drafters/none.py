@@ -1,4 +1,5 @@
 """The drafter that proposes nothing: plain autoregressive decoding through the same loop."""
+
 from __future__ import annotations
 
 from .base import EMPTY, Draft, Drafter

@@ -1,4 +1,5 @@
 """Oracle drafter (benchmark only): proposes the known greedy continuation, the ceiling for any drafter."""
+
 from __future__ import annotations
 
 from ..sampling import SamplingConfig

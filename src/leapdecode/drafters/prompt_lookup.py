@@ -1,5 +1,6 @@
 """Prompt lookup decoding (Saxena 2023; input-guided copy): find the latest earlier occurrence of the last n tokens
 in prompt + output and propose the tokens that followed it. Longer n-grams are tried first."""
+
 from __future__ import annotations
 
 import torch
@@ -12,7 +13,10 @@ class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        require(1 <= min_ngram <= max_ngram, f"prompt-lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        require(
+            1 <= min_ngram <= max_ngram,
+            f"prompt-lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}",
+        )
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def propose(self, context: list[int], k: int) -> Draft:

@@ -12,6 +12,7 @@ How much each sequence drafts is planned per step for the whole batch (controlle
 cost of a forward over R rows against each sequence's acceptance, so that under load, where extra rows are no longer
 nearly free, drafts shrink (to zero if they stop paying) instead of costing throughput.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -72,25 +73,46 @@ class Engine:
     GGUF file, or a loaded HF model with `tokenizer=`); `drafter` a drafter name or "auto" (each request gets its own
     drafter and draft-length controller). `add_request`/`cancel` may be called from any thread; `step` from one."""
 
-    def __init__(self, model, *, tokenizer=None, drafter: str = "none", draft_model=None, draft_dtype: str = "int8",
-                 dtype: str = "float32", max_batch_tokens: int = 256, max_sequences: int = 32,
-                 prefix_cache_tokens: int = 8192, draft_length: int = 4, max_draft_length: int = 16,
-                 adaptive_draft_length: bool = True, packed_weights: bool = True, drafter_options: dict | None = None,
-                 max_decode_slowdown: float = 2.0):
-        require(isinstance(max_batch_tokens, int) and max_batch_tokens >= 1,
-                f"max_batch_tokens must be a positive integer, got {max_batch_tokens}")
-        require(isinstance(max_sequences, int) and max_sequences >= 1,
-                f"max_sequences must be a positive integer, got {max_sequences}")
-        require(isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0,
-                f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+    def __init__(
+        self,
+        model,
+        *,
+        tokenizer=None,
+        drafter: str = "none",
+        draft_model=None,
+        draft_dtype: str = "int8",
+        dtype: str = "float32",
+        max_batch_tokens: int = 256,
+        max_sequences: int = 32,
+        prefix_cache_tokens: int = 8192,
+        draft_length: int = 4,
+        max_draft_length: int = 16,
+        adaptive_draft_length: bool = True,
+        packed_weights: bool = True,
+        drafter_options: dict | None = None,
+        max_decode_slowdown: float = 2.0,
+    ):
+        require(
+            isinstance(max_batch_tokens, int) and max_batch_tokens >= 1,
+            f"max_batch_tokens must be a positive integer, got {max_batch_tokens}",
+        )
+        require(
+            isinstance(max_sequences, int) and max_sequences >= 1,
+            f"max_sequences must be a positive integer, got {max_sequences}",
+        )
+        require(
+            isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0,
+            f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}",
+        )
         if isinstance(drafter, Drafter):
             raise LeapDecodeError("the Engine makes one drafter per request: pass a drafter name, not an instance")
         self.target = resolve_model(model, tokenizer, dtype)
         self.model = self.target.model
         self._make_drafter = drafter_factory(drafter, self.target, draft_model, draft_dtype, **(drafter_options or {}))
         self.drafter_name = self._make_drafter().name
-        self._controller = dict(k_init=min(draft_length, max_draft_length), k_max=max_draft_length,
-                                adaptive=adaptive_draft_length)
+        self._controller = dict(
+            k_init=min(draft_length, max_draft_length), k_max=max_draft_length, adaptive=adaptive_draft_length
+        )
         DraftLengthController(**self._controller)  # bad lengths fail here
         require(max_decode_slowdown >= 1, f"max_decode_slowdown must be >= 1, got {max_decode_slowdown}")
         self.max_batch_tokens, self.max_sequences = max_batch_tokens, max_sequences
@@ -101,7 +123,7 @@ class Engine:
         self.acceptance = _Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._ids = itertools.count()
-        self._lock = threading.Lock()       # guards _incoming and _cancels (touched by other threads)
+        self._lock = threading.Lock()  # guards _incoming and _cancels (touched by other threads)
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
         self._step_lock = threading.Lock()  # held by a step; cancel() frees at once when no step runs
         self._incoming: deque[_Request] = deque()
@@ -109,8 +131,17 @@ class Engine:
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._requests: dict[int, _Request] = {}
-        self.counters = dict.fromkeys(("steps", "prompt_tokens", "generation_tokens", "spec_decode_num_drafts",
-                                       "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"), 0)
+        self.counters = dict.fromkeys(
+            (
+                "steps",
+                "prompt_tokens",
+                "generation_tokens",
+                "spec_decode_num_drafts",
+                "spec_decode_num_draft_tokens",
+                "spec_decode_num_accepted_tokens",
+            ),
+            0,
+        )
 
     @property
     def name(self) -> str:
@@ -130,22 +161,38 @@ class Engine:
 
     # ---- requests in and out -------------------------------------------------------------------------------------
 
-    def add_request(self, prompt, *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                    top_k: int = 0, seed: int | None = None, stop=None, raw: bool = False,
-                    on_output: Callable[[RequestOutput], None] | None = None) -> int:
+    def add_request(
+        self,
+        prompt,
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop=None,
+        raw: bool = False,
+        on_output: Callable[[RequestOutput], None] | None = None,
+    ) -> int:
         """Queue a request (a string, chat messages or token ids, as `generate` takes); return its id. Bad input
         raises LeapDecodeError at once and leaves the engine as it was."""
-        require(type(max_new_tokens) is int and max_new_tokens > 0,
-                f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        require(isinstance(temperature, (int, float)) and isinstance(top_p, (int, float)) and type(top_k) is int,
-                "temperature and top_p must be numbers, top_k an integer")
+        require(
+            type(max_new_tokens) is int and max_new_tokens > 0,
+            f"max_new_tokens must be a positive integer, got {max_new_tokens!r}",
+        )
+        require(
+            isinstance(temperature, (int, float)) and isinstance(top_p, (int, float)) and type(top_k) is int,
+            "temperature and top_p must be numbers, top_k an integer",
+        )
         require(seed is None or type(seed) is int, f"seed must be an integer, got {seed!r}")
         sampling = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=float(top_p), seed=seed)
         stops = _stop_strings(stop)
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, raw)
-        require(len(prompt_ids) < self.context_length,
-                f"the prompt has {len(prompt_ids)} tokens but {self.name} has a context of {self.context_length}")
+        require(
+            len(prompt_ids) < self.context_length,
+            f"the prompt has {len(prompt_ids)} tokens but {self.name} has a context of {self.context_length}",
+        )
         params = dict(sampling=sampling, max_new_tokens=max_new_tokens)
         with self._lock:
             text = TextStream(self.tokenizer, stops, self._tokenizer_lock)
@@ -181,14 +228,18 @@ class Engine:
         """Decode all prompts together; one GenerationResult per prompt, in order. Takes `generate`'s per-request
         arguments (max_new_tokens, temperature, top_p, top_k, seed, stop, raw)."""
         unknown = sorted(set(options) - set(REQUEST_OPTIONS))
-        require(not unknown, f"generate_many does not take {', '.join(unknown)} (the model and drafter are the "
-                             f"Engine's); it takes {', '.join(REQUEST_OPTIONS)}")
+        require(
+            not unknown,
+            f"generate_many does not take {', '.join(unknown)} (the model and drafter are the "
+            f"Engine's); it takes {', '.join(REQUEST_OPTIONS)}",
+        )
         finals: dict[int, RequestOutput] = {}
         requests = []
         try:
             for prompt in prompts:
-                rid = self.add_request(prompt, **options, on_output=lambda o: finals.update({o.request_id: o})
-                                       if o.finished else None)
+                rid = self.add_request(
+                    prompt, **options, on_output=lambda o: finals.update({o.request_id: o}) if o.finished else None
+                )
                 requests.append(self._requests[rid])
         except LeapDecodeError:
             for request in requests:
@@ -196,17 +247,30 @@ class Engine:
             raise
         while len(finals) < len(requests):
             self.step()
-        return [GenerationResult(text=r.text.text, token_ids=list(r.seq.out), prompt_ids=r.prompt_ids,
-                                 stats=finals[r.id].stats, model=self.name, drafter=self.drafter_name)
-                for r in requests]
+        return [
+            GenerationResult(
+                text=r.text.text,
+                token_ids=list(r.seq.out),
+                prompt_ids=r.prompt_ids,
+                stats=finals[r.id].stats,
+                model=self.name,
+                drafter=self.drafter_name,
+            )
+            for r in requests
+        ]
 
     def metrics(self) -> dict:
         """Counters and sizes; safe to call from another thread while a step runs (a snapshot of the lists)."""
         slots = [kv for kv in (r.kv for r in list(self._running)) if kv is not None]
-        return {"running": len(slots), "waiting": len(self._waiting) + len(self._incoming),
-                "kv_tokens": sum(kv.length for kv in slots), "kv_bytes": sum(kv.nbytes for kv in slots),
-                "prefix_cache_tokens": self.prefix_cache.tokens, "prefix_cache_bytes": self.prefix_cache.nbytes,
-                **self.counters}
+        return {
+            "running": len(slots),
+            "waiting": len(self._waiting) + len(self._incoming),
+            "kv_tokens": sum(kv.length for kv in slots),
+            "kv_bytes": sum(kv.nbytes for kv in slots),
+            "prefix_cache_tokens": self.prefix_cache.tokens,
+            "prefix_cache_bytes": self.prefix_cache.nbytes,
+            **self.counters,
+        }
 
     # ---- one step ------------------------------------------------------------------------------------------------
 
@@ -234,9 +298,14 @@ class Engine:
             request = self._waiting.popleft()
             controller = DraftLengthController(costs=self.costs, **self._controller)
             controller.accepted, controller.rejected = self.acceptance.prior()
-            request.seq = SequenceState(request.prompt_ids, self._make_drafter(), controller=controller,
-                                        eos_ids=set(self.target.eos_token_ids), context_length=self.context_length,
-                                        **request.params)
+            request.seq = SequenceState(
+                request.prompt_ids,
+                self._make_drafter(),
+                controller=controller,
+                eos_ids=set(self.target.eos_token_ids),
+                context_length=self.context_length,
+                **request.params,
+            )
             request.seq.start = request.arrival  # time to first token counts the wait
             request.kv = SequenceKV(self.model.config.num_hidden_layers)
             cached = self.prefix_cache.lookup(request.prompt_ids)
@@ -267,7 +336,7 @@ class Engine:
             done = request.kv.length
             n = min(len(request.prompt_ids) - done, budget - len(ids))
             segments.append(Segment(request.kv, len(ids), n, done))
-            ids += request.prompt_ids[done:done + n]
+            ids += request.prompt_ids[done : done + n]
             if done + n == len(request.prompt_ids):
                 kept.append((request, len(ids) - 1))
         return ids, segments, kept
@@ -291,27 +360,37 @@ class Engine:
         if not self.costs:  # nothing measured yet: a plain step first
             return [0] * len(decoding)
         # drafting time is inside the measured step cost (see step), so it is not charged again per draft token
-        demands = [DraftDemand(d.acceptance, 0.0, d.cap) for d in (r.seq.controller.demand(r.seq.room)
-                                                                   for r in decoding)]
+        demands = [
+            DraftDemand(d.acceptance, 0.0, d.cap) for d in (r.seq.controller.demand(r.seq.room) for r in decoding)
+        ]
         # costs beyond the largest measured step are guessed flat (optimistic): explore at most twice as far
         explored = max(self.costs.seconds)
         row_budget = min(row_budget, max(2 * explored, len(decoding) + 1))
-        return plan_draft_lengths(demands, self.costs, base_rows=len(decoding), base_tokens=float(len(decoding)),
-                                  row_budget=row_budget)
+        return plan_draft_lengths(
+            demands, self.costs, base_rows=len(decoding), base_tokens=float(len(decoding)), row_budget=row_budget
+        )
 
     def _forward(self, ids: list[int], segments: list[Segment], kept, outputs: list[RequestOutput]) -> None:
         """One forward over the flat batch; then each request that got logits takes its step."""
         positions = [p for s in segments for p in range(s.past, s.past + s.n)]
         counts = [1 + len(r.seq.draft.tokens) if r.decoding else 1 for r, _ in kept]
         device = self.model.device
-        keep = torch.tensor([first + i for (_, first), n in zip(kept, counts) for i in range(n)], dtype=torch.long,
-                            device=device)
+        keep = torch.tensor(
+            [first + i for (_, first), n in zip(kept, counts) for i in range(n)], dtype=torch.long, device=device
+        )
         greedy = all(r.seq.sampling.greedy for r, _ in kept)
         hidden_needed = any(r.seq.drafter.needs_hidden for r, _ in kept)
-        with torch.inference_mode(), model_kernels(self.model, self.packed_weights, greedy, FlatBatch(segments)), \
-                final_norm_output(self.model, hidden_needed) as captured:
-            logits = self.model(input_ids=torch.tensor([ids], device=device), use_cache=False,
-                                position_ids=torch.tensor([positions], device=device), logits_to_keep=keep).logits[0]
+        with (
+            torch.inference_mode(),
+            model_kernels(self.model, self.packed_weights, greedy, FlatBatch(segments)),
+            final_norm_output(self.model, hidden_needed) as captured,
+        ):
+            logits = self.model(
+                input_ids=torch.tensor([ids], device=device),
+                use_cache=False,
+                position_ids=torch.tensor([positions], device=device),
+                logits_to_keep=keep,
+            ).logits[0]
         hidden = captured[-1][0, keep] if captured else None
         for s in segments:
             s.kv.length = s.past + s.n
@@ -319,7 +398,7 @@ class Engine:
         for (request, _), n in zip(kept, counts):
             if not request.decoding:
                 self.prefix_cache.insert(request.prompt_ids, request.kv)
-            self._accept(request, logits[at:at + n], None if hidden is None else hidden[at:at + n], outputs)
+            self._accept(request, logits[at : at + n], None if hidden is None else hidden[at : at + n], outputs)
             at += n
 
     def _accept(self, request: _Request, logits, hidden, outputs: list[RequestOutput]) -> None:
@@ -334,14 +413,24 @@ class Engine:
             self.counters["spec_decode_num_accepted_tokens"] += drafted - rejected
         used = request.text.push(new)
         if used < len(new):  # a stop string ended the request inside this step's tokens
-            del seq.out[len(seq.out) - len(new) + used:]
+            del seq.out[len(seq.out) - len(new) + used :]
             new = new[:used]
             seq.stats.stop_reason = "stop"
         self.counters["generation_tokens"] += len(new)
         finished = seq.finished
-        self._emit(request, RequestOutput(request.id, new, request.text.release(final=finished), finished,
-                                          FINISH_REASONS[seq.stats.stop_reason] if finished else None,
-                                          len(request.prompt_ids), seq.finish() if finished else None), outputs)
+        self._emit(
+            request,
+            RequestOutput(
+                request.id,
+                new,
+                request.text.release(final=finished),
+                finished,
+                FINISH_REASONS[seq.stats.stop_reason] if finished else None,
+                len(request.prompt_ids),
+                seq.finish() if finished else None,
+            ),
+            outputs,
+        )
         if finished:
             self._release(request)
 
@@ -358,8 +447,11 @@ class Engine:
                 continue
             if request in self._waiting:
                 self._waiting.remove(request)
-            stats = request.seq.finish("cancelled") if request.seq else GenerationStats(
-                prompt_tokens=len(request.prompt_ids), stop_reason="cancelled")
+            stats = (
+                request.seq.finish("cancelled")
+                if request.seq
+                else GenerationStats(prompt_tokens=len(request.prompt_ids), stop_reason="cancelled")
+            )
             self._emit(request, RequestOutput(rid, [], "", True, "cancelled", len(request.prompt_ids), stats), outputs)
             self._release(request)
 
@@ -401,6 +493,8 @@ def _stop_strings(stop) -> list[str]:
     if stop is None:
         return []
     stops = [stop] if isinstance(stop, str) else stop
-    require(isinstance(stops, (list, tuple)) and all(isinstance(s, str) and s for s in stops),
-            "stop must be a non-empty string or a list of non-empty strings")
+    require(
+        isinstance(stops, (list, tuple)) and all(isinstance(s, str) and s for s in stops),
+        "stop must be a non-empty string or a list of non-empty strings",
+    )
     return list(stops)

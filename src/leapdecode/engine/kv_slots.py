@@ -7,6 +7,7 @@ that sequence's own offset and attends its query rows to that slot only, causall
 `truncate`: the sequence's length shrinks, nothing else moves. So a sequence's rows see exactly its own past, whatever
 else shares the step: the per-sequence losslessness argument of the single-request loop carries over unchanged.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

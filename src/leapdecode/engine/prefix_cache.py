@@ -8,6 +8,7 @@ cached blocks from the start and computes only the rest. Memory is bounded by `m
 blocks go first. One cache belongs to one engine, hence to one model and dtype; the engine runs no KV press, so
 entries are always the model's exact keys/values at those positions.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -22,7 +23,7 @@ from .kv_slots import SequenceKV
 class _Block:
     tokens: tuple[int, ...]
     parent: int | None
-    keys: list[torch.Tensor]    # per layer [kv_heads, block, head_dim]
+    keys: list[torch.Tensor]  # per layer [kv_heads, block, head_dim]
     values: list[torch.Tensor]
 
 
@@ -40,7 +41,7 @@ class PrefixCache:
         """(key, parent key, block tokens) of each full block of tokens[:limit]."""
         parent = None
         for start in range(0, limit - self.block + 1, self.block):
-            chunk = tuple(tokens[start:start + self.block])
+            chunk = tuple(tokens[start : start + self.block])
             key = hash((parent, chunk))
             yield key, parent, chunk
             parent = key
@@ -60,8 +61,10 @@ class PrefixCache:
             return None
         self.hits += 1
         layers = range(len(found[0].keys))
-        return ([torch.cat([b.keys[i] for b in found], dim=1) for i in layers],
-                [torch.cat([b.values[i] for b in found], dim=1) for i in layers])
+        return (
+            [torch.cat([b.keys[i] for b in found], dim=1) for i in layers],
+            [torch.cat([b.values[i] for b in found], dim=1) for i in layers],
+        )
 
     def insert(self, tokens: list[int], kv: SequenceKV) -> None:
         """Remember the full blocks of `tokens`, whose keys/values are rows 0.. of `kv`."""

@@ -5,6 +5,7 @@ it is final: a tail that could still grow into a stop string is held back, and s
 (the tokenizer shows it as U+FFFD). A stop string ends the request at the token that completes it; the text never
 contains it, which is what plain decoding followed by cutting at the stop string gives.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,8 @@ class TextStream:
         self.tokenizer, self.stop = tokenizer, stop
         self.lock = lock or contextlib.nullcontext()  # held around every use of the (shared) tokenizer
         self.ids: list[int] = []
-        self.text = ""        # the request's text so far, cut before a stop string once one is found
-        self.emitted = 0      # characters of `text` already released
+        self.text = ""  # the request's text so far, cut before a stop string once one is found
+        self.emitted = 0  # characters of `text` already released
         self.stopped = False
 
     def push(self, token_ids: list[int]) -> int:
@@ -51,7 +52,7 @@ class TextStream:
         end = len(self.text)
         if not final and not self.stopped:
             end -= self._held_back()
-        delta = self.text[self.emitted:end]
+        delta = self.text[self.emitted : end]
         self.emitted = max(self.emitted, end)
         return delta
 

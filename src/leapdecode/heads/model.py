@@ -6,6 +6,7 @@ drafting k tokens costs k passes through a ~3M-parameter MLP and a slice of the 
 the target actually emits — a few percent of one target forward each — instead of k forwards of a draft model.
 Unlike EAGLE the head has no attention of its own: the feature is its only memory, which keeps it cache-free.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ class HeadConfig:
     hidden_size: int
     intermediate_size: int
     target_vocab_size: int
-    target: str          # the short name of the model it was trained on
+    target: str  # the short name of the model it was trained on
     eps: float = 1e-5
 
 
@@ -57,7 +58,8 @@ class DraftHead(nn.Module):
             raise LeapDecodeError(
                 f"draft head was trained for {self.config.target} (hidden {self.config.hidden_size}, vocabulary "
                 f"{self.config.target_vocab_size}); this target has hidden {embed.weight.shape[1]}, vocabulary "
-                f"{out.weight.shape[0]}")
+                f"{out.weight.shape[0]}"
+            )
         self.embed_weight = embed.weight.detach()
         self.full_out_weight = out.weight.detach()
         self.out_weight = out.weight.detach()[self.vocab_ids].to(self.fuse.weight.dtype).contiguous()
@@ -100,7 +102,8 @@ def load_head(source: str | pathlib.Path, dtype: torch.dtype = torch.float32) ->
         shipped = sorted(p.name for p in CHECKPOINT_DIR.glob("*") if (p / "head.json").exists())
         raise LeapDecodeError(
             f"no trained draft head for '{source}' (shipped: {', '.join(shipped) or 'none'}); train one with "
-            f"`leapdecode heads train --model {source} --out DIR` and pass --head DIR")
+            f"`leapdecode heads train --model {source} --out DIR` and pass --head DIR"
+        )
     meta = json.loads((directory / "head.json").read_text())
     state = load_file(str(directory / "head.safetensors"))
     head = DraftHead(HeadConfig(**meta["config"]), state["vocab_ids"])

@@ -7,6 +7,7 @@ cross-entropy of its logits against answer[i+j] (the target's greedy token) plus
 F[i+j]. The held-out split reports top-1 agreement per step and the mean number of tokens a chain draft would get
 accepted — the quantity that makes decoding faster.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,13 +27,13 @@ IGNORE = -100
 
 @dataclass
 class HeadTrainConfig:
-    vocab: int = 4096            # output tokens the head can propose: the most frequent in the training answers
+    vocab: int = 4096  # output tokens the head can propose: the most frequent in the training answers
     intermediate: int = 1536
-    depth: int = 3               # unrolled steps per example
+    depth: int = 3  # unrolled steps per example
     epochs: int = 4
     batch_size: int = 256
     lr: float = 1e-3
-    reg_weight: float = 0.5      # weight of the feature regression against the token cross-entropy
+    reg_weight: float = 0.5  # weight of the feature regression against the token cross-entropy
     val_share: float = 0.05
     seed: int = 0
 
@@ -94,8 +95,15 @@ def unroll(head: DraftHead, f0: torch.Tensor, tokens: torch.Tensor) -> list[torc
     return preds
 
 
-def train_head(model, records: list[dict], cfg: HeadTrainConfig, target_name: str, eos_ids=(), log=print,
-               feats: list[torch.Tensor] | None = None) -> tuple[DraftHead, dict]:
+def train_head(
+    model,
+    records: list[dict],
+    cfg: HeadTrainConfig,
+    target_name: str,
+    eos_ids=(),
+    log=print,
+    feats: list[torch.Tensor] | None = None,
+) -> tuple[DraftHead, dict]:
     """Train on 1 - val_share of the records; return the head and a summary with held-out acceptance."""
     torch.manual_seed(cfg.seed)
     order = list(range(len(records)))
@@ -105,16 +113,26 @@ def train_head(model, records: list[dict], cfg: HeadTrainConfig, target_name: st
     vocab_ids = frequent_tokens(records, cfg.vocab, tuple(eos_ids))
     token_index = torch.full((model.get_output_embeddings().weight.shape[0],), IGNORE, dtype=torch.long)
     token_index[vocab_ids] = torch.arange(len(vocab_ids))
-    split = {name: [order[i] for i in part] for name, part in (("val", range(n_val)), ("train", range(n_val, len(order))))}
-    data = {name: Windows([feats[i] for i in idx], [records[i] for i in idx], token_index, cfg.depth)
-            for name, idx in split.items()}
-    config = HeadConfig(hidden_size=feats[0].shape[1], intermediate_size=cfg.intermediate,
-                        target_vocab_size=len(token_index), target=target_name)
+    split = {
+        name: [order[i] for i in part] for name, part in (("val", range(n_val)), ("train", range(n_val, len(order))))
+    }
+    data = {
+        name: Windows([feats[i] for i in idx], [records[i] for i in idx], token_index, cfg.depth)
+        for name, idx in split.items()
+    }
+    config = HeadConfig(
+        hidden_size=feats[0].shape[1],
+        intermediate_size=cfg.intermediate,
+        target_vocab_size=len(token_index),
+        target=target_name,
+    )
     head = DraftHead(config, vocab_ids).attach(model)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     train = data["train"]
     steps = cfg.epochs * math.ceil(len(train.starts) / cfg.batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * s / steps))
+    )
     scale = train.F.pow(2).mean()
     start, step = time.time(), 0
     for epoch in range(cfg.epochs):
@@ -133,8 +151,14 @@ def train_head(model, records: list[dict], cfg: HeadTrainConfig, target_name: st
             if step % 100 == 0:
                 log(f"step {step}/{steps}  loss {loss.item() / cfg.depth:.3f}  {time.time() - start:.0f}s")
         log(f"epoch {epoch + 1}: held-out {evaluate(head, data['val'])}")
-    summary = {"train_seconds": round(time.time() - start, 1), "train_windows": len(train.starts),
-               "val_records": n_val, "vocab": len(vocab_ids), "val": evaluate(head, data["val"]), **vars(cfg)}
+    summary = {
+        "train_seconds": round(time.time() - start, 1),
+        "train_windows": len(train.starts),
+        "val_records": n_val,
+        "vocab": len(vocab_ids),
+        "val": evaluate(head, data["val"]),
+        **vars(cfg),
+    }
     return head.eval(), summary
 
 
@@ -145,8 +169,11 @@ def evaluate(head: DraftHead, data: Windows) -> dict:
     hits = []
     for idx in data.starts.split(1024):
         f0, tokens, labels, _ = data.batch(idx)
-        hits.append(torch.stack([head.logits(p).argmax(-1) == labels[:, j]
-                                 for j, p in enumerate(unroll(head, f0, tokens))], 1))
+        hits.append(
+            torch.stack([head.logits(p).argmax(-1) == labels[:, j] for j, p in enumerate(unroll(head, f0, tokens))], 1)
+        )
     hit = torch.cat(hits).float()
-    return {"top1_per_step": [round(v, 3) for v in hit.mean(0).tolist()],
-            "mean_accepted": round(hit.cumprod(1).sum(1).mean().item(), 3)}
+    return {
+        "top1_per_step": [round(v, 3) for v in hit.mean(0).tolist()],
+        "mean_accepted": round(hit.cumprod(1).sum(1).mean().item(), 3),
+    }

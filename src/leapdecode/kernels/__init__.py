@@ -10,26 +10,47 @@
   one-line notice.
 bf16 packed results equal `F.linear`'s bit for bit; fp32 ones differ in rounding (~1e-6 relative), like any two GEMMs.
 """
+
 from .argmax_head import BF16_ROUNDING, ArgmaxOutputHead, fast_bf16
 from .calibrate import BUCKETS, Plan, bf16_pays, cache_file, describe_kernels, kernel_table
 from .ops import PAD_ROWS, packed_matmul, packed_ops
 from .packed import (
-                     ARGMAX_PATHS,
-                     LINEAR_PATHS,
-                     MODES,
-                     argmax_logits,
-                     chosen_path,
-                     configure,
-                     configured,
-                     install_argmax_head,
-                     install_packed_linear,
-                     packed_kernels,
-                     settings,
+    ARGMAX_PATHS,
+    LINEAR_PATHS,
+    MODES,
+    argmax_logits,
+    chosen_path,
+    configure,
+    configured,
+    install_argmax_head,
+    install_packed_linear,
+    packed_kernels,
+    settings,
 )
 
 _packed_matmul = packed_matmul  # the name tests and older callers use
 
-__all__ = ["ARGMAX_PATHS", "ArgmaxOutputHead", "BF16_ROUNDING", "BUCKETS", "LINEAR_PATHS", "MODES", "PAD_ROWS", "Plan",
-           "argmax_logits", "bf16_pays", "cache_file", "chosen_path", "configure", "configured", "describe_kernels",
-           "fast_bf16", "install_argmax_head", "install_packed_linear", "kernel_table", "packed_kernels",
-           "packed_ops", "settings"]
+__all__ = [
+    "ARGMAX_PATHS",
+    "ArgmaxOutputHead",
+    "BF16_ROUNDING",
+    "BUCKETS",
+    "LINEAR_PATHS",
+    "MODES",
+    "PAD_ROWS",
+    "Plan",
+    "argmax_logits",
+    "bf16_pays",
+    "cache_file",
+    "chosen_path",
+    "configure",
+    "configured",
+    "describe_kernels",
+    "fast_bf16",
+    "install_argmax_head",
+    "install_packed_linear",
+    "kernel_table",
+    "packed_kernels",
+    "packed_ops",
+    "settings",
+]

@@ -4,6 +4,7 @@ The bf16 product runs either on a pre-packed oneDNN weight (fast where the CPU h
 `F.linear` on a bf16 weight (bf16 only halves the bytes read there, which still pays for a memory-bound head);
 calibration picks whichever path is fastest on this host, including plain fp32.
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,7 +14,7 @@ from .ops import packed_matmul, reorder
 
 # bf16 keeps 8 significant bits: its unit roundoff is 2^-8. The bound below charges 2^-7 per rounding step, which also
 # covers fp32 accumulation over up to 65,536 products (d * 2^-24 <= 2^-8)
-BF16_ROUNDING = 2.0 ** -7
+BF16_ROUNDING = 2.0**-7
 
 
 class ArgmaxOutputHead:

@@ -11,6 +11,7 @@ processes compete for the cores rank paths by how they share CPUs, so they serve
 not cached. `F.linear` is kept unless another path is clearly faster, so "auto" is never slower than HF beyond
 measurement noise; `configure(linear=...)` forces a path where that noise matters.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,11 +35,11 @@ VERSION = 2  # bump when what is measured changes: older cache entries are then 
 BUCKETS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 64, 128, 256)
 # the output head is one huge layer per model: its bf16 argmax variants are timed at fewer row counts
 ARGMAX_BUCKETS = (1, 3, 5, 9, 17, 64)
-MARGIN = 0.03   # a path listed later (hf, packed, packed-pad, argmax variants) must be this much faster to be chosen
-PASS_S = 3e-3   # one timed pass cycles through layers of a shape for about this long (past the caches)
+MARGIN = 0.03  # a path listed later (hf, packed, packed-pad, argmax variants) must be this much faster to be chosen
+PASS_S = 3e-3  # one timed pass cycles through layers of a shape for about this long (past the caches)
 ROUNDS, MAX_ROUNDS = 3, 8  # interleaved rounds per row count (more while the best times still drop)
 BUDGET_S = 2.0  # per shape: past half of it no extra rounds, past all of it a single round per row count
-BIG_S = 8e-3    # a call slower than this is timed on a slice of the weight's rows (still past the caches)
+BIG_S = 8e-3  # a call slower than this is timed on a slice of the weight's rows (still past the caches)
 _memory: dict[str, dict] = {}
 _disk: dict | None = None
 
@@ -51,15 +52,18 @@ class Plan:
         self.buckets = tuple(linear["buckets"])
         if argmax and tuple(argmax["buckets"]) != self.buckets:  # timings at the nearest of its row counts
             at = _nearest(tuple(argmax["buckets"]))
-            argmax = {**argmax, "ms": {p: [v[at[min(b, len(at) - 1)]] for b in self.buckets]
-                                       for p, v in argmax["ms"].items()}}
+            argmax = {
+                **argmax,
+                "ms": {p: [v[at[min(b, len(at) - 1)]] for b in self.buckets] for p, v in argmax["ms"].items()},
+            }
         self.ms = {**linear["ms"], **(argmax["ms"] if argmax else {})}
         self.quiet = linear.get("quiet", True) and (argmax or {}).get("quiet", True)
         self.has_argmax = bool(argmax and any(_finite(v) for v in argmax["ms"].values()))
         self._linear = [_pick(linear["ms"], i) for i in range(len(self.buckets))]
         self._argmax = [_pick(self.ms, i) for i in range(len(self.buckets))] if self.has_argmax else self._linear
-        self._variant = ([_pick(argmax["ms"], i, margin=0.0) for i in range(len(self.buckets))]
-                         if self.has_argmax else [])
+        self._variant = (
+            [_pick(argmax["ms"], i, margin=0.0) for i in range(len(self.buckets))] if self.has_argmax else []
+        )
         self._at = _nearest(self.buckets)
 
     def _index(self, rows: int) -> int:
@@ -109,8 +113,15 @@ def assign_plans(modules: list[torch.nn.Linear]) -> None:
         for m in mods:
             argmax = None
             if getattr(m, "_leapdecode_argmax", False):
-                argmax, new = _entry("argmax", out, inp, dtype, lambda: [m.weight.detach()], ARGMAX_PATHS,  # noqa: B023 - called at once, in this iteration
-                                     ARGMAX_BUCKETS)
+                argmax, new = _entry(
+                    "argmax",
+                    out,
+                    inp,
+                    dtype,
+                    lambda: [m.weight.detach()],
+                    ARGMAX_PATHS,  # noqa: B023 - called at once, in this iteration
+                    ARGMAX_BUCKETS,
+                )
                 fresh |= new
             key = (id(linear), id(argmax))
             if key not in plans:
@@ -127,17 +138,32 @@ def kernel_table(model: torch.nn.Module) -> list[dict]:
     chosen path per row range (`linear`; `argmax` for the output head in greedy decoding) and the measured ms."""
     groups: dict[tuple, list] = defaultdict(list)
     for m in installed(model):
-        groups[(m.out_features, m.in_features, str(m.weight.dtype).removeprefix("torch."),
-                bool(getattr(m, "_leapdecode_argmax", False)))].append(m)
+        groups[
+            (
+                m.out_features,
+                m.in_features,
+                str(m.weight.dtype).removeprefix("torch."),
+                bool(getattr(m, "_leapdecode_argmax", False)),
+            )
+        ].append(m)
     mode, rows = _settings["linear"], []
     for (out, inp, dtype, head), mods in groups.items():
         plan = getattr(mods[0], "_leapdecode_plan", None)
         forced = [(1, BUCKETS[-1], "hf" if mode == "auto" else mode)]
-        row = {"shape": f"{out}x{inp}", "dtype": dtype, "layers": len(mods), "output_head": head, "mode": mode,
-               "linear": plan.ranges() if mode == "auto" and plan else forced}
+        row = {
+            "shape": f"{out}x{inp}",
+            "dtype": dtype,
+            "layers": len(mods),
+            "output_head": head,
+            "mode": mode,
+            "linear": plan.ranges() if mode == "auto" and plan else forced,
+        }
         if head and plan is not None and plan.has_argmax and _settings["argmax_head"] != "off":
-            row["argmax"] = (plan.ranges("argmax") if _settings["argmax_head"] == "auto"
-                             else [(1, BUCKETS[-1], "argmax-bf16 (forced on)")])
+            row["argmax"] = (
+                plan.ranges("argmax")
+                if _settings["argmax_head"] == "auto"
+                else [(1, BUCKETS[-1], "argmax-bf16 (forced on)")]
+            )
         if plan is not None:
             row["cached"] = plan.quiet  # False: measured on a busy machine, for this process only
             row["ms"] = {"buckets": list(plan.buckets), **plan.ms}
@@ -147,9 +173,11 @@ def kernel_table(model: torch.nn.Module) -> list[dict]:
 
 def describe_kernels(model: torch.nn.Module) -> list[str]:
     """kernel_table as short lines, e.g. '576x576 float32 x60: packed-pad 1-3, packed 4-256'."""
+
     def spans(ranges):
-        return ", ".join(f"{p} {a}" + (f"-{b}" if b > a else "") + ("+" if b == BUCKETS[-1] else "")
-                         for a, b, p in ranges)
+        return ", ".join(
+            f"{p} {a}" + (f"-{b}" if b > a else "") + ("+" if b == BUCKETS[-1] else "") for a, b, p in ranges
+        )
 
     lines = []
     for row in kernel_table(model):
@@ -175,8 +203,10 @@ def bf16_pays() -> bool:
         bf16 = _measure([w.bfloat16() for w in weights], torch.bfloat16, LINEAR_PATHS, (1,))
         _memory[key] = {"float32": fp32, "bfloat16": bf16, "quiet": _quiet()}
         _save()
-    best = {k: min((v[0] for v in _memory[key][k].values() if v[0] is not None), default=math.inf)
-            for k in ("float32", "bfloat16")}
+    best = {
+        k: min((v[0] for v in _memory[key][k].values() if v[0] is not None), default=math.inf)
+        for k in ("float32", "bfloat16")
+    }
     return best["bfloat16"] < (1 - MARGIN) * best["float32"]
 
 
@@ -256,7 +286,7 @@ def _measure(weights: list[torch.Tensor], dtype: torch.dtype, paths, buckets) ->
             here = [p for p in paths if use[p] and (p != "packed-pad" or rows < PAD_ROWS)]  # else the same as packed
             for r in range(rounds[1]):
                 before = dict(best)
-                for p in here[r % len(here):] + here[: r % len(here)]:
+                for p in here[r % len(here) :] + here[: r % len(here)]:
                     best[p] = min(best[p], _timed(lambda: _run(p, use[p][:n], x)) / n)  # noqa: B023 - called at once, in this iteration
                 if r + 1 >= rounds[0] and all(best[p] > (1 - MARGIN) * before[p] for p in here):
                     break  # no path got clearly faster in this round: the minimums have settled

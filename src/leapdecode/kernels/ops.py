@@ -1,6 +1,7 @@
 """The private oneDNN ops behind pre-packed weights (`torch.ops.mkldnn.*`), and a check run once per process and dtype
 before any of them is used: a torch build or CPU where they are missing, fail or compute wrong results makes
 leapdecode fall back to `F.linear` with a one-line notice instead of a traceback."""
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,9 @@ def linear_pointwise(flat: torch.Tensor, packed: torch.Tensor, bias: torch.Tenso
     return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
 
 
-def packed_matmul(flat: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                  pad: bool = True) -> torch.Tensor:
+def packed_matmul(
+    flat: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, pad: bool = True
+) -> torch.Tensor:
     """flat [rows, in] @ packed weight (+ bias); with `pad`, fewer than PAD_ROWS rows are zero-padded to PAD_ROWS."""
     rows = flat.shape[0]
     if pad and rows < PAD_ROWS:
@@ -41,8 +43,10 @@ def packed_ops(dtype: torch.dtype = torch.float32) -> bool:
     if dtype not in _checked:
         _checked[dtype] = _check(dtype)
         if _checked[dtype] is not None and not any(m.startswith("pre-packed") for m in _noticed):  # one per process
-            notice(f"pre-packed oneDNN kernels unavailable for {str(dtype).removeprefix('torch.')} "
-                   f"({_checked[dtype]}); using F.linear")
+            notice(
+                f"pre-packed oneDNN kernels unavailable for {str(dtype).removeprefix('torch.')} "
+                f"({_checked[dtype]}); using F.linear"
+            )
     return _checked[dtype] is None
 
 

@@ -5,6 +5,7 @@ layout: `F.linear` re-lays out a plain weight on every call), "packed-pad" (the 
 to four), and for a greedy output head "argmax-bf16-packed" / "argmax-bf16-linear" (ArgmaxOutputHead). Under the
 "auto" setting each layer follows the plan calibration measured for its shape, dtype and row count on this host.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,12 @@ _argmax_only = contextvars.ContextVar("leapdecode_argmax_only", default=False)
 # module -> {kind: ((weight pointer, version), derived weight)}; outside the module so that copies of a model don't
 # carry it, and rebuilt when the weight is replaced or changed in place
 _derived: "weakref.WeakKeyDictionary[torch.nn.Linear, dict]" = weakref.WeakKeyDictionary()
-_DERIVED_KIND = {"packed": "packed", "packed-pad": "packed", "argmax-bf16-packed": "argmax-packed",
-                 "argmax-bf16-linear": "argmax-linear"}
+_DERIVED_KIND = {
+    "packed": "packed",
+    "packed-pad": "packed",
+    "argmax-bf16-packed": "argmax-packed",
+    "argmax-bf16-linear": "argmax-linear",
+}
 
 
 def settings() -> dict:

@@ -5,6 +5,7 @@
 
 `press.check(model)` raises LeapDecodeError for a model the press cannot run on (it is checked again in prefill).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -35,10 +36,20 @@ def make_press(name: str, *, budget: float = 1.0, **options) -> Press:
     allowed = press_options(name)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise LeapDecodeError(f"KV press '{name}' has no option {', '.join(unknown)} "
-                              f"(its options: {', '.join(allowed) or 'none'})")
+        raise LeapDecodeError(
+            f"KV press '{name}' has no option {', '.join(unknown)} (its options: {', '.join(allowed) or 'none'})"
+        )
     return _PRESSES[name](budget=budget, **options)
 
 
-__all__ = ["KV_PRESSES", "FastKVPress", "Press", "QuantizedPress", "SnapKVPress", "StreamingLLMPress", "kv_bytes",
-           "make_press", "press_options"]
+__all__ = [
+    "KV_PRESSES",
+    "FastKVPress",
+    "Press",
+    "QuantizedPress",
+    "SnapKVPress",
+    "StreamingLLMPress",
+    "kv_bytes",
+    "make_press",
+    "press_options",
+]

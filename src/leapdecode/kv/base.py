@@ -6,6 +6,7 @@ prefill every layer holds the same number of entries (the causal mask of a multi
 built from one layer's length), decoded tokens are appended uncompressed, and rollback only ever removes decoded
 tokens, so speculative decoding over a compressed cache is as lossless as over a full one.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,10 @@ def check_budget(budget) -> float:
         value = float(budget)
     except (TypeError, ValueError):
         raise LeapDecodeError(f"KV budget must be a number in (0, 1], got {budget!r}") from None
-    require(0.0 < value <= 1.0 and math.isfinite(value), f"KV budget must be in (0, 1] (a fraction of the prompt's "
-                                                          f"KV entries), got {budget}")
+    require(
+        0.0 < value <= 1.0 and math.isfinite(value),
+        f"KV budget must be in (0, 1] (a fraction of the prompt's KV entries), got {budget}",
+    )
     return value
 
 
@@ -36,12 +39,16 @@ def check_architecture(model, press_name: str) -> None:
     """Presses run the decoder layers of HF Llama/Qwen2-family models with full (not sliding) attention."""
     config = model.config
     kind = getattr(config, "model_type", type(model).__name__)
-    require(kind in SUPPORTED_MODEL_TYPES and hasattr(getattr(model, "model", None), "layers"),
-            f"KV press '{press_name}' is not available for model type '{kind}' "
-            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    require(
+        kind in SUPPORTED_MODEL_TYPES and hasattr(getattr(model, "model", None), "layers"),
+        f"KV press '{press_name}' is not available for model type '{kind}' "
+        f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})",
+    )
     layer_types = getattr(config, "layer_types", None) or []
-    require(all(t == "full_attention" for t in layer_types),
-            f"KV press '{press_name}' needs full attention in every layer; this '{kind}' model uses sliding windows")
+    require(
+        all(t == "full_attention" for t in layer_types),
+        f"KV press '{press_name}' needs full attention in every layer; this '{kind}' model uses sliding windows",
+    )
 
 
 class Press:
@@ -88,26 +95,35 @@ def keep_count(budget: float, n: int, minimum: int = 1) -> int:
 @dataclass
 class Window:
     """What one layer's attention saw for the last w prompt tokens: normed hidden states and their RoPE cos/sin."""
+
     hidden: torch.Tensor  # [1, w, hidden]
-    cos: torch.Tensor     # [1, w, head_dim]
+    cos: torch.Tensor  # [1, w, head_dim]
     sin: torch.Tensor
 
 
-def full_prefill(model, input_ids: torch.Tensor, cache: DynamicCache, window: int = 0
-                 ) -> tuple[torch.Tensor, list[Window]]:
+def full_prefill(
+    model, input_ids: torch.Tensor, cache: DynamicCache, window: int = 0
+) -> tuple[torch.Tensor, list[Window]]:
     """The ordinary prefill (exactly what the Runner does without a press), remembering for each layer the inputs
     of its attention for the last `window` tokens (nothing when window is 0). Returns (logits [V], windows)."""
     windows: list[Window] = []
     hooks = []
     if window > 0:
+
         def grab(module, args, kwargs):
             cos, sin = kwargs["position_embeddings"]
             windows.append(Window(kwargs["hidden_states"][:, -window:].clone(), cos[:, -window:], sin[:, -window:]))
+
         hooks = [layer.self_attn.register_forward_pre_hook(grab, with_kwargs=True) for layer in model.model.layers]
     n = input_ids.shape[1]
     try:
-        out = model(input_ids=input_ids, **cache_arg(cache), use_cache=True,
-                    position_ids=torch.arange(n).unsqueeze(0), logits_to_keep=1)
+        out = model(
+            input_ids=input_ids,
+            **cache_arg(cache),
+            use_cache=True,
+            position_ids=torch.arange(n).unsqueeze(0),
+            logits_to_keep=1,
+        )
     finally:
         for hook in hooks:
             hook.remove()
@@ -128,7 +144,7 @@ def window_scores(attn: torch.nn.Module, win: Window, keys: torch.Tensor) -> tor
     logits = torch.matmul(query, keys[0].float().transpose(1, 2)) * attn.scaling  # [kv, g*w, n]
     logits = logits.view(kv_heads, groups, w, n)
     future = torch.ones(w, w, dtype=torch.bool).triu(1)  # query i (position n-w+i) may not see keys after it
-    logits[..., n - w:].masked_fill_(future, float("-inf"))
+    logits[..., n - w :].masked_fill_(future, float("-inf"))
     return logits.softmax(-1).mean(dim=(1, 2))
 
 

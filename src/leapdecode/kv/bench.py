@@ -7,6 +7,7 @@ answers the needle by greedy decoding (timed token by token: decode tokens/s) or
 along the full cache's greedy continuation (top-1 agreement, and the identical greedy prefix it implies).
 Configurations run interleaved sample by sample, so machine noise hits them alike; compare speeds as ratios.
 """
+
 from __future__ import annotations
 
 import ast
@@ -90,8 +91,13 @@ class _Evaluator:
         if sample.kind == "needle":
             tokens, seconds, forwards = _greedy(runner, logits, self.settings.answer_tokens)
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            return {"correct": _first_number(text) == sample.answer, "output": text, "decode_s": seconds[0],
-                    "decode_cpu_s": seconds[1], "decode_tokens": forwards}
+            return {
+                "correct": _first_number(text) == sample.answer,
+                "output": text,
+                "decode_s": seconds[0],
+                "decode_cpu_s": seconds[1],
+                "decode_tokens": forwards,
+            }
         if reference is None:  # the full cache: its greedy continuation is the reference
             tokens, seconds, forwards = _greedy(runner, logits, self.settings.continuation)
             return {"reference": tokens, "agreement": 1.0, "identical_prefix": 1.0}
@@ -110,11 +116,15 @@ def _runner_over(model, cache, n: int) -> Runner:
 def run_bench(settings: BenchSettings, log: Callable[[str], None] = print) -> dict:
     from ..models import load_model
 
-    require(settings.budgets and all(0 < b <= 1 for b in settings.budgets),
-            f"budgets must be in (0, 1], got {settings.budgets}")
+    require(
+        settings.budgets and all(0 < b <= 1 for b in settings.budgets),
+        f"budgets must be in (0, 1], got {settings.budgets}",
+    )
     require(settings.lengths and all(n >= 64 for n in settings.lengths), "prompt lengths must be at least 64 tokens")
-    require(settings.needles >= 0 and settings.documents >= 0 and settings.needles + settings.documents > 0,
-            "bench-kv needs at least one needle or one document per length")
+    require(
+        settings.needles >= 0 and settings.documents >= 0 and settings.needles + settings.documents > 0,
+        "bench-kv needs at least one needle or one document per length",
+    )
     if settings.threads:
         torch.set_num_threads(settings.threads)
     loaded = load_model(settings.model, dtype=settings.dtype)
@@ -137,19 +147,36 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = print) -> di
             target = min(length, room)
             if target < length:
                 log(f"length {length}: {loaded.name} has a context of {context} tokens; prompts of {target} tokens")
-            samples = [needle_prompt(tokenizer, target, d, seed=settings.seed * 1000 + length + i)
-                       for i, d in enumerate(depths(settings.needles))]
+            samples = [
+                needle_prompt(tokenizer, target, d, seed=settings.seed * 1000 + length + i)
+                for i, d in enumerate(depths(settings.needles))
+            ]
             samples += [document_prompt(tokenizer, target, settings.seed + i) for i in range(settings.documents)]
             for index, sample in enumerate(samples):
                 start = time.perf_counter()
                 rows = _run_sample(model, sample, configs, window, evaluator, tokenizer)
                 for row in rows:
-                    records.append({"length": length, "sample": index, "kind": sample.kind, "depth": sample.depth,
-                                    "tokens": sample.tokens, **row})
-                log(f"length {length} sample {index} ({sample.kind}, {sample.tokens} tokens): "
-                    f"{time.perf_counter() - start:.1f}s; " + ", ".join(_brief(r) for r in rows))
-    return {"settings": asdict(settings), "machine": environment(torch.get_num_threads()), "model": loaded.name, "records": records,
-            "summary": summarize(records)}
+                    records.append(
+                        {
+                            "length": length,
+                            "sample": index,
+                            "kind": sample.kind,
+                            "depth": sample.depth,
+                            "tokens": sample.tokens,
+                            **row,
+                        }
+                    )
+                log(
+                    f"length {length} sample {index} ({sample.kind}, {sample.tokens} tokens): "
+                    f"{time.perf_counter() - start:.1f}s; " + ", ".join(_brief(r) for r in rows)
+                )
+    return {
+        "settings": asdict(settings),
+        "machine": environment(torch.get_num_threads()),
+        "model": loaded.name,
+        "records": records,
+        "summary": summarize(records),
+    }
 
 
 def _brief(row: dict) -> str:
@@ -172,9 +199,18 @@ def _run_sample(model, sample: Sample, configs, window: int, evaluator: _Evaluat
     full_bytes = kv_bytes(cache)
     full = evaluator.score(_runner_over(model, cache, n), logits, sample, None)
     reference = full.pop("reference", None)
-    rows = [{"press": "full", "budget": 1.0, "prefill_s": full_seconds[0], "prefill_cpu_s": full_seconds[1],
-             "kv_bytes": full_bytes,
-             "full_kv_bytes": full_bytes, "kept": n, **full}]
+    rows = [
+        {
+            "press": "full",
+            "budget": 1.0,
+            "prefill_s": full_seconds[0],
+            "prefill_cpu_s": full_seconds[1],
+            "kv_bytes": full_bytes,
+            "full_kv_bytes": full_bytes,
+            "kept": n,
+            **full,
+        }
+    ]
     for label, press in configs:
         if press.posthoc:
             cache = copy.deepcopy(pristine)
@@ -187,9 +223,15 @@ def _run_sample(model, sample: Sample, configs, window: int, evaluator: _Evaluat
             clock = _Clock()
             press_logits = runner.prefill(ids)
             seconds = clock.read()
-        row = {"press": label, "budget": press.budget, "prefill_s": seconds[0], "prefill_cpu_s": seconds[1],
-               "kv_bytes": kv_bytes(runner.cache),
-               "full_kv_bytes": full_bytes, "kept": press.kept(n)}
+        row = {
+            "press": label,
+            "budget": press.budget,
+            "prefill_s": seconds[0],
+            "prefill_cpu_s": seconds[1],
+            "kv_bytes": kv_bytes(runner.cache),
+            "full_kv_bytes": full_bytes,
+            "kept": press.kept(n),
+        }
         row.update(evaluator.score(runner, press_logits, sample, reference))
         rows.append(row)
     return rows
@@ -210,26 +252,37 @@ def summarize(records: list[dict]) -> list[dict]:
         decode_rates = [r["decode_tokens"] / r["decode_s"] for r in needles if r.get("decode_s")]
         prefill_ratios = [b["prefill_s"] / r["prefill_s"] for b, r in zip(base, rows)]
         cpu_ratios = [b["prefill_cpu_s"] / r["prefill_cpu_s"] for b, r in zip(base, rows) if r.get("prefill_cpu_s")]
-        decode_cpu = [(r["decode_cpu_s"] and b["decode_cpu_s"] / r["decode_cpu_s"]) or None
-                      for b, r in zip(base, rows) if r.get("decode_cpu_s") and b.get("decode_cpu_s")]
-        decode_ratios = [(r["decode_tokens"] / r["decode_s"]) / (b["decode_tokens"] / b["decode_s"])
-                         for b, r in zip(base, rows) if r.get("decode_s") and b.get("decode_s")]
-        out.append({
-            "length": length, "press": press, "budget": budget, "samples": len(rows),
-            "tokens": round(sum(r["tokens"] for r in rows) / len(rows)),
-            "kv_bytes": round(sum(r["kv_bytes"] for r in rows) / len(rows)),
-            "kv_fraction": sum(r["kv_bytes"] / r["full_kv_bytes"] for r in rows) / len(rows),
-            "prefill_s": statistics.median(r["prefill_s"] for r in rows),
-            "prefill_speedup": statistics.median(prefill_ratios),
-            "prefill_cpu_speedup": statistics.median(cpu_ratios) if cpu_ratios else None,
-            "decode_tok_s": statistics.median(decode_rates) if decode_rates else None,
-            "decode_speedup": statistics.median(decode_ratios) if decode_ratios else None,
-            "decode_cpu_speedup": statistics.median(decode_cpu) if decode_cpu else None,
-            "needle_accuracy": sum(r["correct"] for r in needles) / len(needles) if needles else None,
-            "needles": len(needles),
-            "agreement": sum(r["agreement"] for r in docs) / len(docs) if docs else None,
-            "identical_prefix": sum(r["identical_prefix"] for r in docs) / len(docs) if docs else None,
-        })
+        decode_cpu = [
+            (r["decode_cpu_s"] and b["decode_cpu_s"] / r["decode_cpu_s"]) or None
+            for b, r in zip(base, rows)
+            if r.get("decode_cpu_s") and b.get("decode_cpu_s")
+        ]
+        decode_ratios = [
+            (r["decode_tokens"] / r["decode_s"]) / (b["decode_tokens"] / b["decode_s"])
+            for b, r in zip(base, rows)
+            if r.get("decode_s") and b.get("decode_s")
+        ]
+        out.append(
+            {
+                "length": length,
+                "press": press,
+                "budget": budget,
+                "samples": len(rows),
+                "tokens": round(sum(r["tokens"] for r in rows) / len(rows)),
+                "kv_bytes": round(sum(r["kv_bytes"] for r in rows) / len(rows)),
+                "kv_fraction": sum(r["kv_bytes"] / r["full_kv_bytes"] for r in rows) / len(rows),
+                "prefill_s": statistics.median(r["prefill_s"] for r in rows),
+                "prefill_speedup": statistics.median(prefill_ratios),
+                "prefill_cpu_speedup": statistics.median(cpu_ratios) if cpu_ratios else None,
+                "decode_tok_s": statistics.median(decode_rates) if decode_rates else None,
+                "decode_speedup": statistics.median(decode_ratios) if decode_ratios else None,
+                "decode_cpu_speedup": statistics.median(decode_cpu) if decode_cpu else None,
+                "needle_accuracy": sum(r["correct"] for r in needles) / len(needles) if needles else None,
+                "needles": len(needles),
+                "agreement": sum(r["agreement"] for r in docs) / len(docs) if docs else None,
+                "identical_prefix": sum(r["identical_prefix"] for r in docs) / len(docs) if docs else None,
+            }
+        )
     return out
 
 
@@ -241,10 +294,19 @@ def check_targets(summary: list[dict], length: int = 4096) -> list[dict]:
     for s in summary:
         if s["length"] != length or not s["press"].startswith("fastkv") or full is None:
             continue
-        accuracy_ok = (s["needle_accuracy"] is not None and full["needle_accuracy"] is not None
-                       and s["needle_accuracy"] >= full["needle_accuracy"] - 0.02)
-        rows.append({"press": s["press"], "budget": s["budget"], "prefill": s["prefill_speedup"] >= 1.5,
-                     "prefill_cpu": s.get("prefill_cpu_speedup") is not None and s["prefill_cpu_speedup"] >= 1.5,
-                     "memory": s["kv_fraction"] <= 0.5005, "accuracy": accuracy_ok})  # ceil(budget * n) entries
+        accuracy_ok = (
+            s["needle_accuracy"] is not None
+            and full["needle_accuracy"] is not None
+            and s["needle_accuracy"] >= full["needle_accuracy"] - 0.02
+        )
+        rows.append(
+            {
+                "press": s["press"],
+                "budget": s["budget"],
+                "prefill": s["prefill_speedup"] >= 1.5,
+                "prefill_cpu": s.get("prefill_cpu_speedup") is not None and s["prefill_cpu_speedup"] >= 1.5,
+                "memory": s["kv_fraction"] <= 0.5005,
+                "accuracy": accuracy_ok,
+            }
+        )  # ceil(budget * n) entries
     return rows
-

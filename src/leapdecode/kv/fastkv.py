@@ -7,6 +7,7 @@ One constraint of this engine: all layers must hold the same number of entries (
 verification forward is built from one layer's length), so the propagated set is never smaller than the budget:
 tokens propagated = max(tsp_rate, budget) * n.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,16 +21,23 @@ from .base import Press, Window, gather_entries, keep_count, pool_scores, select
 class FastKVPress(Press):
     name = "fastkv"
 
-    def __init__(self, budget: float = 1.0, tsp_layer: int | None = None, tsp_rate: float = 0.2,
-                 window: int = 8, kernel: int = 7):
+    def __init__(
+        self, budget: float = 1.0, tsp_layer: int | None = None, tsp_rate: float = 0.2, window: int = 8, kernel: int = 7
+    ):
         super().__init__(budget)
-        require(tsp_layer is None or (isinstance(tsp_layer, int) and not isinstance(tsp_layer, bool)),
-                f"fastkv TSP layer must be an integer layer index, got {tsp_layer!r}")
-        require(isinstance(tsp_rate, (int, float)) and 0 < tsp_rate <= 1,
-                f"fastkv TSP rate must be in (0, 1] (the fraction of tokens propagated past the TSP layer), got {tsp_rate}")
+        require(
+            tsp_layer is None or (isinstance(tsp_layer, int) and not isinstance(tsp_layer, bool)),
+            f"fastkv TSP layer must be an integer layer index, got {tsp_layer!r}",
+        )
+        require(
+            isinstance(tsp_rate, (int, float)) and 0 < tsp_rate <= 1,
+            f"fastkv TSP rate must be in (0, 1] (the fraction of tokens propagated past the TSP layer), got {tsp_rate}",
+        )
         require(isinstance(window, int) and window >= 1, f"fastkv window must be a positive integer, got {window}")
-        require(isinstance(kernel, int) and kernel >= 1 and kernel % 2 == 1,
-                f"fastkv pooling kernel must be a positive odd integer, got {kernel}")
+        require(
+            isinstance(kernel, int) and kernel >= 1 and kernel % 2 == 1,
+            f"fastkv pooling kernel must be a positive odd integer, got {kernel}",
+        )
         self.tsp_layer, self.tsp_rate, self.window, self.kernel = tsp_layer, float(tsp_rate), window, kernel
 
     def layer_of(self, model) -> int:
@@ -44,8 +52,10 @@ class FastKVPress(Press):
         super().check(model)
         layers = model.config.num_hidden_layers
         if self.tsp_layer is not None and not 0 <= self.tsp_layer < layers:
-            raise LeapDecodeError(f"fastkv TSP layer {self.tsp_layer} is outside the model's layers "
-                                  f"(0..{layers - 1} for this {layers}-layer model)")
+            raise LeapDecodeError(
+                f"fastkv TSP layer {self.tsp_layer} is outside the model's layers "
+                f"(0..{layers - 1} for this {layers}-layer model)"
+            )
 
     def kept(self, n: int) -> int:
         return keep_count(self.budget, n, minimum=min(n, self.window))
@@ -71,8 +81,14 @@ class FastKVPress(Press):
             compress = keep < length
             if select_tokens or compress:
                 win = Window(block.input_layernorm(hidden[:, -w:]), cos[:, -w:], sin[:, -w:])
-            hidden = block(hidden, attention_mask=mask, position_ids=positions, **cache_arg(cache),
-                           use_cache=True, position_embeddings=(cos, sin))
+            hidden = block(
+                hidden,
+                attention_mask=mask,
+                position_ids=positions,
+                **cache_arg(cache),
+                use_cache=True,
+                position_embeddings=(cos, sin),
+            )
             if not (select_tokens or compress):
                 continue
             layer = cache.layers[i]
@@ -88,11 +104,17 @@ class FastKVPress(Press):
         return model.lm_head(hidden)[0, -1]
 
     def settings(self) -> dict:
-        return {**super().settings(), "tsp_layer": self.tsp_layer, "tsp_rate": self.tsp_rate, "window": self.window,
-                "kernel": self.kernel}
+        return {
+            **super().settings(),
+            "tsp_layer": self.tsp_layer,
+            "tsp_rate": self.tsp_rate,
+            "window": self.window,
+            "kernel": self.kernel,
+        }
 
 
 def _mask(model, hidden):
     """The causal mask HF would build for a fresh prefill of `hidden` (None for SDPA: it uses is_causal)."""
-    return create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=None, **cache_arg(None),
-                              position_ids=None)
+    return create_causal_mask(
+        config=model.config, inputs_embeds=hidden, attention_mask=None, **cache_arg(None), position_ids=None
+    )

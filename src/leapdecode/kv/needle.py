@@ -1,35 +1,48 @@
 """Long prompts for bench-kv, made here: needle prompts (a key/value fact hidden at a chosen depth in generated
 filler, then a question about it) and long documents (Python's own reference text, shipped with the interpreter)
 whose greedy continuations are compared between the full and the compressed cache."""
+
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-ADJECTIVES = ("quiet bright old small heavy green distant warm narrow sudden silver patient crooked gentle hollow "
-              "rusty early tidy loud pale").split()
-NOUNS = ("river teacher window garden engine letter market violin ladder harbor lantern meadow kettle bridge "
-         "notebook carpenter orchard tunnel compass village").split()
-VERBS = ("watches follows carries paints opens repairs visits finds crosses builds measures ignores remembers "
-         "borrows sketches").split()
-PLACES = ("near the station|behind the old mill|after the long rain|before the market opens|under the grey sky|"
-          "beside the frozen lake|at the edge of town|during the quiet evening").split("|")
-KEYS = ("Paris Oslo Lima Cairo Tokyo Quito Dakar Hanoi Riga Perth Accra Bern Delhi Kyiv Lagos Minsk Nairobi Sofia "
-        "Tunis Zagreb").split()
+ADJECTIVES = (
+    "quiet bright old small heavy green distant warm narrow sudden silver patient crooked gentle hollow "
+    "rusty early tidy loud pale"
+).split()
+NOUNS = (
+    "river teacher window garden engine letter market violin ladder harbor lantern meadow kettle bridge "
+    "notebook carpenter orchard tunnel compass village"
+).split()
+VERBS = (
+    "watches follows carries paints opens repairs visits finds crosses builds measures ignores remembers "
+    "borrows sketches"
+).split()
+PLACES = (
+    "near the station|behind the old mill|after the long rain|before the market opens|under the grey sky|"
+    "beside the frozen lake|at the edge of town|during the quiet evening"
+).split("|")
+KEYS = (
+    "Paris Oslo Lima Cairo Tokyo Quito Dakar Hanoi Riga Perth Accra Bern Delhi Kyiv Lagos Minsk Nairobi Sofia "
+    "Tunis Zagreb"
+).split()
 
 
 @dataclass
 class Sample:
-    kind: str      # "needle" or "document"
+    kind: str  # "needle" or "document"
     text: str
-    answer: str    # the needle's value ("" for documents)
-    depth: float   # where the fact sits, as a fraction of the filler (0 for documents)
-    tokens: int    # prompt length in tokens
+    answer: str  # the needle's value ("" for documents)
+    depth: float  # where the fact sits, as a fraction of the filler (0 for documents)
+    tokens: int  # prompt length in tokens
 
 
 def sentence(rng: random.Random) -> str:
-    return (f"The {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {rng.choice(ADJECTIVES)} "
-            f"{rng.choice(NOUNS)} {rng.choice(PLACES)}.")
+    return (
+        f"The {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {rng.choice(ADJECTIVES)} "
+        f"{rng.choice(NOUNS)} {rng.choice(PLACES)}."
+    )
 
 
 def _count(tokenizer, text: str) -> int:

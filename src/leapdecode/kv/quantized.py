@@ -2,6 +2,7 @@
 keys have outlier channels, so they are quantized per channel over groups of tokens, while values are quantized
 per token; the prompt's cache is stored as int8 or packed int4 codes with a scale and minimum per group, and the
 few tokens that do not fill a group, as well as every decoded token, stay in full precision."""
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,8 @@ BITS = (8, 4)
 def _quantize(x: torch.Tensor, dim: int, bits: int):
     """Asymmetric min/max quantization along `dim`: returns (codes uint8, scale, minimum)."""
     low = x.amin(dim=dim, keepdim=True)
-    scale = ((x.amax(dim=dim, keepdim=True) - low) / (2 ** bits - 1)).clamp_min(1e-8)
-    codes = ((x - low) / scale).round_().clamp_(0, 2 ** bits - 1).to(torch.uint8)
+    scale = ((x.amax(dim=dim, keepdim=True) - low) / (2**bits - 1)).clamp_min(1e-8)
+    codes = ((x - low) / scale).round_().clamp_(0, 2**bits - 1).to(torch.uint8)
     if bits == 4:  # two codes per byte
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return codes, scale, low
@@ -42,17 +43,25 @@ class QuantizedPromptLayer(DynamicLayer):
         self.key_codes, self.key_scale, self.key_min = _quantize(k.transpose(-1, -2), -1, bits)
         # values: per token over its head dimension
         self.value_codes, self.value_scale, self.value_min = _quantize(values[:, :, : self.quantized].float(), -1, bits)
-        self.tail_keys = keys[:, :, self.quantized:].clone()
-        self.tail_values = values[:, :, self.quantized:].clone()
+        self.tail_keys = keys[:, :, self.quantized :].clone()
+        self.tail_values = values[:, :, self.quantized :].clone()
         self.is_initialized = True
 
     def stored_tensors(self) -> list[torch.Tensor]:
-        return [self.key_codes, self.key_scale, self.key_min, self.value_codes, self.value_scale, self.value_min,
-                self.tail_keys, self.tail_values]
+        return [
+            self.key_codes,
+            self.key_scale,
+            self.key_min,
+            self.value_codes,
+            self.value_scale,
+            self.value_min,
+            self.tail_keys,
+            self.tail_values,
+        ]
 
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of all entries [1, kv_heads, length, head_dim] as attention sees them."""
-        k = _unpack(self.key_codes, self.bits).float() * self.key_scale + self.key_min   # [b, h, g, dim, group]
+        k = _unpack(self.key_codes, self.bits).float() * self.key_scale + self.key_min  # [b, h, g, dim, group]
         b, h, g, dim, group = k.shape
         k = k.transpose(-1, -2).reshape(b, h, g * group, dim).to(self.dtype)
         v = (_unpack(self.value_codes, self.bits).float() * self.value_scale + self.value_min).to(self.dtype)
@@ -106,8 +115,10 @@ class QuantizedPress(Press):
     def __init__(self, budget: float = 1.0, bits: int | None = None, group: int = 64):
         super().__init__(budget)
         require(bits is None or bits in BITS, f"quantized KV supports bits 8 or 4, got {bits}")
-        require(isinstance(group, int) and group >= 2 and group % 2 == 0,
-                f"quantized KV key group must be an even integer >= 2, got {group}")
+        require(
+            isinstance(group, int) and group >= 2 and group % 2 == 0,
+            f"quantized KV key group must be an even integer >= 2, got {group}",
+        )
         self.bits, self.group = bits, group
 
     def kept(self, n: int) -> int:
@@ -121,13 +132,17 @@ class QuantizedPress(Press):
         if self.budget >= 1.0:
             return None
         element = next(model.parameters()).element_size()
-        head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+        head_dim = (
+            getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+        )
         for bits in BITS:
             if bytes_fraction(bits, element, head_dim, self.group) <= self.budget + 1e-9:
                 return bits
         smallest = bytes_fraction(4, element, head_dim, self.group)
-        raise LeapDecodeError(f"quantized KV cannot reach budget {self.budget}: int4 keeps {smallest:.3f} of the "
-                              "full cache's bytes for this model")
+        raise LeapDecodeError(
+            f"quantized KV cannot reach budget {self.budget}: int4 keeps {smallest:.3f} of the "
+            "full cache's bytes for this model"
+        )
 
     def check(self, model) -> None:
         super().check(model)

@@ -1,4 +1,5 @@
 """bench-kv outputs: results.json (raw records + summary), report.md (tables), one PNG per prompt length."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,20 @@ from ..report_kit import markdown_table, meta_lines, pyplot
 from .bench import check_targets
 
 COLUMNS = [  # one table per prompt length, one row per press and budget
-    "press", "budget", "KV MB", "KV share", "prefill s", "prefill × (wall)", "prefill × (CPU)", "decode tok/s",
-    "decode × (wall)", "decode × (CPU)", "needle acc", "agreement", "identical prefix"]
+    "press",
+    "budget",
+    "KV MB",
+    "KV share",
+    "prefill s",
+    "prefill × (wall)",
+    "prefill × (CPU)",
+    "decode tok/s",
+    "decode × (wall)",
+    "decode × (CPU)",
+    "needle acc",
+    "agreement",
+    "identical prefix",
+]
 
 
 def _fmt(value, pattern="{:.2f}", none="–"):
@@ -23,8 +36,10 @@ def _label(row: dict) -> str:
 def markdown(result: dict) -> str:
     s, m = result["settings"], result["machine"]
     lines = [
-        f"# bench-kv: {result['model']}", "",
-        *meta_lines({**m, "dtype": s["dtype"]}), "",
+        f"# bench-kv: {result['model']}",
+        "",
+        *meta_lines({**m, "dtype": s["dtype"]}),
+        "",
         f"Settings: budgets {s['budgets']}, {s['needles']} needle prompts (depths spread evenly) and "
         f"{s['documents']} document(s) per length; needle answers: {s['answer_tokens']} greedy tokens (the first "
         f"number must equal the hidden 5-digit value); documents: {s['continuation']}-token greedy continuation of "
@@ -40,21 +55,55 @@ def markdown(result: dict) -> str:
         rows = [r for r in result["summary"] if r["length"] == length]
         rows.sort(key=lambda r: (r["press"] != "full", r["press"], -r["budget"]))
         lines += [f"## {length}-token prompts (mean {rows[0]['tokens']} tokens)", ""]
-        lines += markdown_table(COLUMNS, [
-            [_label(r), f"{r['budget']:g}", f"{r['kv_bytes'] / 1e6:.1f}", f"{r['kv_fraction']:.1%}",
-             f"{r['prefill_s']:.2f}", f"{r['prefill_speedup']:.2f}", _fmt(r.get("prefill_cpu_speedup")),
-             _fmt(r["decode_tok_s"], "{:.1f}"), _fmt(r["decode_speedup"]), _fmt(r.get("decode_cpu_speedup")),
-             f"{_fmt(r['needle_accuracy'], '{:.0%}')} ({r['needles']})", _fmt(r["agreement"], "{:.0%}"),
-             _fmt(r["identical_prefix"], "{:.0%}")] for r in rows], align="-")
+        lines += markdown_table(
+            COLUMNS,
+            [
+                [
+                    _label(r),
+                    f"{r['budget']:g}",
+                    f"{r['kv_bytes'] / 1e6:.1f}",
+                    f"{r['kv_fraction']:.1%}",
+                    f"{r['prefill_s']:.2f}",
+                    f"{r['prefill_speedup']:.2f}",
+                    _fmt(r.get("prefill_cpu_speedup")),
+                    _fmt(r["decode_tok_s"], "{:.1f}"),
+                    _fmt(r["decode_speedup"]),
+                    _fmt(r.get("decode_cpu_speedup")),
+                    f"{_fmt(r['needle_accuracy'], '{:.0%}')} ({r['needles']})",
+                    _fmt(r["agreement"], "{:.0%}"),
+                    _fmt(r["identical_prefix"], "{:.0%}"),
+                ]
+                for r in rows
+            ],
+            align="-",
+        )
         lines.append("")
     targets = check_targets(result["summary"])
     if targets:
         yes = {True: "met", False: "missed"}
         lines += ["## Targets (FastKV, 4096-token prompts)", ""]
-        lines += markdown_table(["press", "budget", "prefill ≥ 1.5× (wall)", "prefill ≥ 1.5× (CPU time)", "KV ≤ 50 %",
-                                 "needle acc within 2 points of full"],
-                                [[t["press"], f"{t['budget']:g}", yes[t["prefill"]], yes[t["prefill_cpu"]],
-                                  yes[t["memory"]], yes[t["accuracy"]]] for t in targets], align="-")
+        lines += markdown_table(
+            [
+                "press",
+                "budget",
+                "prefill ≥ 1.5× (wall)",
+                "prefill ≥ 1.5× (CPU time)",
+                "KV ≤ 50 %",
+                "needle acc within 2 points of full",
+            ],
+            [
+                [
+                    t["press"],
+                    f"{t['budget']:g}",
+                    yes[t["prefill"]],
+                    yes[t["prefill_cpu"]],
+                    yes[t["memory"]],
+                    yes[t["accuracy"]],
+                ]
+                for t in targets
+            ],
+            align="-",
+        )
         lines.append("")
     return "\n".join(lines)
 
@@ -62,8 +111,12 @@ def markdown(result: dict) -> str:
 def plots(result: dict, out: pathlib.Path) -> list[str]:
     plt = pyplot()
     written = []
-    panels = [("needle_accuracy", "needle accuracy"), ("agreement", "greedy top-1 agreement"),
-              ("prefill_speedup", "prefill speed-up (× full)"), ("decode_speedup", "decode speed-up (× full)")]
+    panels = [
+        ("needle_accuracy", "needle accuracy"),
+        ("agreement", "greedy top-1 agreement"),
+        ("prefill_speedup", "prefill speed-up (× full)"),
+        ("decode_speedup", "decode speed-up (× full)"),
+    ]
     for length in sorted({r["length"] for r in result["summary"]}):
         rows = [r for r in result["summary"] if r["length"] == length]
         full = next(r for r in rows if r["press"] == "full")

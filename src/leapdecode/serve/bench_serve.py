@@ -10,6 +10,7 @@ wall time, and p50/p99 of each latency. Results go to `results.json`, `report.md
 `--compare-transformers DIR` starts `leapdecode serve` with speculation on and off and `transformers serve
 --continuous-batching` on the same model directory, one after another on 127.0.0.1, and measures each.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,12 +42,19 @@ def add_bench_serve(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt order and Poisson gaps")
     p.add_argument("--out", help="output directory (default bench-serve/<timestamp>)")
     p.add_argument("--label", help="name of this server in the report (default: the URL)")
-    p.add_argument("--compare-transformers", metavar="MODEL_DIR",
-                   help="start leapdecode serve (--drafter auto, then none) and transformers serve "
-                        "--continuous-batching on this HF model directory in turn, and measure each")
+    p.add_argument(
+        "--compare-transformers",
+        metavar="MODEL_DIR",
+        help="start leapdecode serve (--drafter auto, then none) and transformers serve "
+        "--continuous-batching on this HF model directory in turn, and measure each",
+    )
     p.add_argument("--port", type=int, default=8765, help="with --compare-transformers: port of the servers")
-    p.add_argument("--drafter", default="auto", help="with --compare-transformers: leapdecode's drafter when "
-                   "speculating (add --head NAME for a shipped draft head on a model directory)")
+    p.add_argument(
+        "--drafter",
+        default="auto",
+        help="with --compare-transformers: leapdecode's drafter when "
+        "speculating (add --head NAME for a shipped draft head on a model directory)",
+    )
     p.add_argument("--head", help="with --compare-transformers and --drafter head: the draft head")
     p.add_argument("--threads", type=int, help="with --compare-transformers: torch threads of each server")
     p.set_defaults(func=run_bench_serve)
@@ -83,8 +91,13 @@ async def _one(client, model: str, prompt: str, args) -> dict:
     start = time.perf_counter()
     last, chunks, usage_tokens = None, 0, None
     try:
-        common = dict(model=model, max_tokens=args.max_tokens, temperature=0.0, stream=True,
-                      stream_options={"include_usage": True})
+        common = dict(
+            model=model,
+            max_tokens=args.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         if args.endpoint == "chat":
             stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
         else:
@@ -133,9 +146,16 @@ async def _level(client, model: str, prompts: list[str], concurrency: int, args,
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     itl = [x for r in ok for x in r["itl"]]
     e2e = [r["e2e"] for r in ok]
-    row = {"concurrency": concurrency, "requests": len(records), "completed": len(ok),
-           "failed": len(records) - len(ok), "duration_s": round(duration, 3), "output_tokens": tokens,
-           "output_tokens_per_s": round(tokens / duration, 3), "requests_per_s": round(len(ok) / duration, 4)}
+    row = {
+        "concurrency": concurrency,
+        "requests": len(records),
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "duration_s": round(duration, 3),
+        "output_tokens": tokens,
+        "output_tokens_per_s": round(tokens / duration, 3),
+        "requests_per_s": round(len(ok) / duration, 4),
+    }
     for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
         for q in (50, 99):
             v = _pct(values, q)
@@ -150,8 +170,7 @@ async def bench_url(url: str, model: str | None, args, log=print) -> dict:
     """Every concurrency level against one server; returns {label, url, model, rows}."""
     import openai
 
-    client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=args.api_key, max_retries=0,
-                                timeout=600.0)
+    client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=args.api_key, max_retries=0, timeout=600.0)
     try:
         if model is None:
             model = (await client.models.list()).data[0].id
@@ -161,19 +180,30 @@ async def bench_url(url: str, model: str | None, args, log=print) -> dict:
         rows = []
         for c in _levels(args.concurrency):
             row = await _level(client, model, prompts, c, args, random.Random(args.seed))
-            log(f"  concurrency {c:>3}: {row['output_tokens_per_s']:8.1f} tok/s  {row['requests_per_s']:6.2f} req/s  "
+            log(
+                f"  concurrency {c:>3}: {row['output_tokens_per_s']:8.1f} tok/s  {row['requests_per_s']:6.2f} req/s  "
                 f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  E2E p50 {row['e2e_p50_ms']} ms"
-                f"  failed {row['failed']}")
+                f"  failed {row['failed']}"
+            )
             rows.append(row)
     finally:
         await client.close()
     return {"label": args.label or url, "url": url, "model": model, "rows": rows}
 
 
-COLUMNS = (("concurrency", "concurrency"), ("output_tokens_per_s", "output tok/s"), ("requests_per_s", "req/s"),
-           ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"), ("itl_p50_ms", "ITL p50 ms"),
-           ("itl_p99_ms", "ITL p99 ms"), ("e2e_p50_ms", "E2E p50 ms"), ("e2e_p99_ms", "E2E p99 ms"),
-           ("completed", "completed"), ("failed", "failed"))
+COLUMNS = (
+    ("concurrency", "concurrency"),
+    ("output_tokens_per_s", "output tok/s"),
+    ("requests_per_s", "req/s"),
+    ("ttft_p50_ms", "TTFT p50 ms"),
+    ("ttft_p99_ms", "TTFT p99 ms"),
+    ("itl_p50_ms", "ITL p50 ms"),
+    ("itl_p99_ms", "ITL p99 ms"),
+    ("e2e_p50_ms", "E2E p50 ms"),
+    ("e2e_p99_ms", "E2E p99 ms"),
+    ("completed", "completed"),
+    ("failed", "failed"),
+)
 
 
 def markdown(results: list[dict], settings: dict) -> str:
@@ -184,9 +214,13 @@ def markdown(results: list[dict], settings: dict) -> str:
         for row in res["rows"]:
             cells = ["–" if row.get(k) is None else str(row[k]) for k, _ in COLUMNS]
             lines.append(f"| {res['label']} | " + " | ".join(cells) + " |")
-    lines += ["", "Output tok/s and req/s: over each level's wall time. TTFT: request sent to first chunk with "
-              "text. ITL: gaps between chunks with text (a speculating server may send several tokens per chunk). "
-              "E2E: request sent to last chunk. Greedy (temperature 0), streamed.", ""]
+    lines += [
+        "",
+        "Output tok/s and req/s: over each level's wall time. TTFT: request sent to first chunk with "
+        "text. ITL: gaps between chunks with text (a speculating server may send several tokens per chunk). "
+        "E2E: request sent to last chunk. Greedy (temperature 0), streamed.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -195,8 +229,11 @@ def plot(out: pathlib.Path, results: list[dict]) -> list[str]:
 
     plt = _pyplot()
     names = []
-    for key, title, fname in (("output_tokens_per_s", "output tokens/s", "throughput.png"),
-                              ("ttft_p50_ms", "TTFT p50 (ms)", "ttft.png"), ("itl_p50_ms", "ITL p50 (ms)", "itl.png")):
+    for key, title, fname in (
+        ("output_tokens_per_s", "output tokens/s", "throughput.png"),
+        ("ttft_p50_ms", "TTFT p50 (ms)", "ttft.png"),
+        ("itl_p50_ms", "ITL p50 (ms)", "itl.png"),
+    ):
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for res in results:
             xs = [r["concurrency"] for r in res["rows"] if r.get(key) is not None]
@@ -220,9 +257,16 @@ def save(out: pathlib.Path, results: list[dict], settings: dict) -> None:
 
 
 def _settings(args) -> dict:
-    return {"concurrency": args.concurrency, "num_prompts": args.num_prompts, "rate": args.rate or "all at once",
-            "arrivals": "poisson" if args.poisson else "uniform", "suite": args.suite, "max_tokens": args.max_tokens,
-            "endpoint": args.endpoint, "timestamp": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "concurrency": args.concurrency,
+        "num_prompts": args.num_prompts,
+        "rate": args.rate or "all at once",
+        "arrivals": "poisson" if args.poisson else "uniform",
+        "suite": args.suite,
+        "max_tokens": args.max_tokens,
+        "endpoint": args.endpoint,
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def run_bench_serve(args) -> int:
@@ -245,17 +289,46 @@ def run_bench_serve(args) -> int:
     return 0
 
 
-def server_commands(model_dir: str, port: int, threads: int | None, drafter: str = "auto",
-                    head: str | None = None) -> list[tuple[str, list[str], str]]:
+def server_commands(
+    model_dir: str, port: int, threads: int | None, drafter: str = "auto", head: str | None = None
+) -> list[tuple[str, list[str], str]]:
     """(label, command, model name) of each server compared on one model directory."""
-    leap = [sys.executable, "-m", "leapdecode.cli", "serve", "--model", model_dir, "--port", str(port),
-            "--served-model-name", "model", "--log-level", "warning"] + (["--threads", str(threads)] if threads else [])
-    tf = [sys.executable, "-m", "transformers.cli.transformers", "serve", "--continuous-batching", "--host",
-          "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", model_dir]
+    leap = [
+        sys.executable,
+        "-m",
+        "leapdecode.cli",
+        "serve",
+        "--model",
+        model_dir,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "model",
+        "--log-level",
+        "warning",
+    ] + (["--threads", str(threads)] if threads else [])
+    tf = [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        "--continuous-batching",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        model_dir,
+    ]
     spec = ["--drafter", drafter] + (["--head", head] if head else [])
-    return [(f"leapdecode serve (speculation on: {drafter})", leap + spec, "model"),
-            ("leapdecode serve (speculation off)", leap + ["--drafter", "none"], "model"),
-            ("transformers serve --continuous-batching", tf, model_dir)]
+    return [
+        (f"leapdecode serve (speculation on: {drafter})", leap + spec, "model"),
+        ("leapdecode serve (speculation off)", leap + ["--drafter", "none"], "model"),
+        ("transformers serve --continuous-batching", tf, model_dir),
+    ]
 
 
 def compare(args) -> list[dict]:
@@ -269,8 +342,7 @@ def compare(args) -> list[dict]:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated benchmark still stops its server
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}))
     results = []
-    for label, command, model in server_commands(model_dir, args.port, args.threads, args.drafter,
-                                                    args.head):
+    for label, command, model in server_commands(model_dir, args.port, args.threads, args.drafter, args.head):
         print(f"starting {label}: {' '.join(command)}", flush=True)
         log = tempfile.TemporaryFile("w+")  # a pipe nobody reads would fill and stall the server
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)

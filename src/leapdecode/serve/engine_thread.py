@@ -6,6 +6,7 @@ the engine is idle and wakes on a new request or a cancel. After every step it t
 `engine.metrics()`, so a /metrics scrape from the event loop never reads the engine's lists while a step changes
 them. If a step raises (a bug), every request in flight gets the error and is cancelled, and the thread goes on.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -64,6 +65,7 @@ class EngineThread:
         is queued."""
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue() if queue is None else queue
+
         def on_output(output):
             # called in the engine thread (or in cancel()'s caller): hand over to the request's loop
             with self._lock:  # submit holds it until the queue is registered

@@ -8,26 +8,94 @@ request reached the server. leapdecode's own extras (KV tokens and bytes held, p
 status, engine step failures) are prefixed `leapdecode:`. Each server has its own registry (several apps can live in
 one process, as in the tests).
 """
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-               80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 # engine.metrics() key -> (Prometheus name, help); counters get `_total` appended by the exposition format
 ENGINE_COUNTERS = {
     "prompt_tokens": ("vllm:prompt_tokens", "Prompt tokens admitted to the engine."),
     "generation_tokens": ("vllm:generation_tokens", "Tokens generated."),
     "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts", "Speculative decoding: verification steps with a draft."),
-    "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified."),
-    "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",
-                                        "Speculative decoding: draft tokens accepted."),
+    "spec_decode_num_draft_tokens": (
+        "vllm:spec_decode_num_draft_tokens",
+        "Speculative decoding: draft tokens verified.",
+    ),
+    "spec_decode_num_accepted_tokens": (
+        "vllm:spec_decode_num_accepted_tokens",
+        "Speculative decoding: draft tokens accepted.",
+    ),
     "steps": ("leapdecode:engine_steps", "Engine steps (one batched forward each)."),
 }
 ENGINE_GAUGES = {
@@ -66,16 +134,39 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry.register(_EngineCollector(engine_thread, model_name))
         labels = ["model_name"]
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
-                              buckets=TTFT_BUCKETS, registry=self.registry).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between successive outputs of a request.",
-                             labels, buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token.", labels,
-                             buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
-        self._success = Counter("vllm:request_success", "Requests finished, by finish reason.",
-                                ["model_name", "finished_reason"], registry=self.registry)
-        self._http = Counter("leapdecode:http_requests", "HTTP answers by endpoint and status.",
-                             ["endpoint", "status"], registry=self.registry)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between successive outputs of a request.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Request latency, arrival to last token.",
+            labels,
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self._success = Counter(
+            "vllm:request_success",
+            "Requests finished, by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        self._http = Counter(
+            "leapdecode:http_requests",
+            "HTTP answers by endpoint and status.",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
 
     def finished(self, reason: str) -> None:
         self._success.labels(self.model_name, reason).inc()

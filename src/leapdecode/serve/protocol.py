@@ -7,6 +7,7 @@ Unknown fields are ignored, as OpenAI-compatible servers do; known ones that thi
 penalties, tools, ...) are refused rather than silently dropped, so a client never gets an answer to a different
 question than the one it asked.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 class APIError(Exception):
     """An error answered to the client as OpenAI's JSON error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, _one_line(message), param, code, type
 
@@ -65,7 +72,10 @@ class _Common(BaseModel):
         """(param, message) for a field set to something this server cannot do."""
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
-                return name, f"{name} is not supported by this server (speculative decoding keeps the model's own distribution); leave it at 0"
+                return (
+                    name,
+                    f"{name} is not supported by this server (speculative decoding keeps the model's own distribution); leave it at 0",
+                )
         if self.repetition_penalty not in (None, 1, 1.0):
             return "repetition_penalty", "repetition_penalty is not supported by this server; leave it at 1"
         if self.logit_bias:
@@ -109,7 +119,9 @@ class Message(BaseModel):
         parts = []
         for part in self.content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(400, f"messages[{index}].content: only text parts are supported", f"messages.{index}.content")
+                raise APIError(
+                    400, f"messages[{index}].content: only text parts are supported", f"messages.{index}.content"
+                )
             parts.append(part["text"])
         return "".join(parts)
 
@@ -128,12 +140,14 @@ class ChatCompletionRequest(_Common):
         if self.tools:
             return "tools", "tools are not supported by this server"
         if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only response_format {\"type\": \"text\"} is supported by this server"
+            return "response_format", 'only response_format {"type": "text"} is supported by this server'
         return super().unsupported()
 
     def chat(self) -> list[dict]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
-                for i, m in enumerate(self.messages)]
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            for i, m in enumerate(self.messages)
+        ]
 
 
 def parse(model_class: type[_Common], raw: bytes) -> _Common:
@@ -141,7 +155,9 @@ def parse(model_class: type[_Common], raw: bytes) -> _Common:
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {getattr(e, 'msg', e)}", code="invalid_json") from None
+        raise APIError(
+            400, f"the request body is not valid JSON: {getattr(e, 'msg', e)}", code="invalid_json"
+        ) from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
     try:
@@ -163,10 +179,15 @@ def parse(model_class: type[_Common], raw: bytes) -> _Common:
 
 
 def _union_message(field: str) -> str:
-    return {"prompt": "must be a string, a list of strings, a list of token ids or a list of token id lists",
-            "stop": "must be a string or a list of strings"}[field]
+    return {
+        "prompt": "must be a string, a list of strings, a list of token ids or a list of token id lists",
+        "stop": "must be a string or a list of strings",
+    }[field]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -13,6 +13,7 @@ that produced it in the `x-leapdecode-instance` header. Autoscaling is Ray's own
 On a multi-node cluster the same code runs after `ray start --head` / `ray start --address=HEAD:6379` on each
 node and `ray.init(address="auto")`: Ray places replicas wherever `ray_actor_options` (num_cpus per replica) fit.
 """
+
 import time
 
 from fastapi import FastAPI, Request
@@ -20,10 +21,18 @@ from fastapi import FastAPI, Request
 from . import app as handlers
 
 
-def build_app(model: str, *, replicas: int = 1, threads: int = 1, engine_options: dict | None = None,
-              served_model_name: str | None = None, api_key: str | None = None,
-              autoscaling_config: dict | None = None, max_ongoing_requests: int = 64,
-              max_body_bytes: int = handlers.MAX_BODY_BYTES):
+def build_app(
+    model: str,
+    *,
+    replicas: int = 1,
+    threads: int = 1,
+    engine_options: dict | None = None,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    autoscaling_config: dict | None = None,
+    max_ongoing_requests: int = 64,
+    max_body_bytes: int = handlers.MAX_BODY_BYTES,
+):
     """A bound Ray Serve application: `replicas` copies (or `autoscaling_config`) of an Engine on `model` (a name
     or path every node can load), each on `threads` torch threads and as many Ray CPUs."""
     from ray import serve
@@ -40,8 +49,9 @@ def build_app(model: str, *, replicas: int = 1, threads: int = 1, engine_options
 
             torch.set_num_threads(threads)
             engine = Engine(model, **options)
-            self.state = handlers.ServerState(engine, served_model_name=served_model_name, api_key=api_key,
-                                              max_body_bytes=max_body_bytes)
+            self.state = handlers.ServerState(
+                engine, served_model_name=served_model_name, api_key=api_key, max_body_bytes=max_body_bytes
+            )
 
         def _mark(self, response):
             response.headers["x-leapdecode-instance"] = self.state.instance
@@ -73,7 +83,8 @@ def build_app(model: str, *, replicas: int = 1, threads: int = 1, engine_options
     else:
         deployment_options["num_replicas"] = replicas
     return LeapDecodeReplica.options(**deployment_options).bind(
-        model, dict(engine_options or {}), served_model_name, api_key, threads, max_body_bytes)
+        model, dict(engine_options or {}), served_model_name, api_key, threads, max_body_bytes
+    )
 
 
 def run_ray(args) -> int:
@@ -90,15 +101,27 @@ def run_ray(args) -> int:
     threads = args.threads or 1
     autoscaling = None
     if args.ray_max_replicas:
-        autoscaling = {"min_replicas": args.ray_replicas, "max_replicas": args.ray_max_replicas,
-                       "target_ongoing_requests": max(1, args.max_sequences // 2)}
+        autoscaling = {
+            "min_replicas": args.ray_replicas,
+            "max_replicas": args.ray_max_replicas,
+            "target_ongoing_requests": max(1, args.max_sequences // 2),
+        }
     ray.init(ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
-    app = build_app(args.model, replicas=args.ray_replicas, threads=threads, engine_options=engine_options(args),
-                    served_model_name=args.served_model_name, api_key=args.api_key, autoscaling_config=autoscaling,
-                    max_body_bytes=args.max_body_bytes)
+    app = build_app(
+        args.model,
+        replicas=args.ray_replicas,
+        threads=threads,
+        engine_options=engine_options(args),
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        autoscaling_config=autoscaling,
+        max_body_bytes=args.max_body_bytes,
+    )
     serve.run(app, route_prefix="/")
-    print(f"leapdecode serve: {args.ray_replicas} Ray Serve replica(s) on http://{args.host}:{args.port}/v1", flush=True)
+    print(
+        f"leapdecode serve: {args.ray_replicas} Ray Serve replica(s) on http://{args.host}:{args.port}/v1", flush=True
+    )
     try:
         while True:
             time.sleep(3600)

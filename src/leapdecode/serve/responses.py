@@ -1,6 +1,7 @@
 """What one HTTP completion call becomes: its engine requests' outputs collected into one OpenAI response, or
 streamed as OpenAI chunks (server-sent events, `data: [DONE]` last), with usage, finish reasons, per-request
 speculative stats (the `leapdecode` object) and the latency metrics observed on the way."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ class Run:
         self.aborted: set[int] = set()
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.last = [None] * len(jobs)          # time of each choice's previous output with text/tokens
+        self.last = [None] * len(jobs)  # time of each choice's previous output with text/tokens
         self.tokens = [0] * len(jobs)
         self.stats = [None] * len(jobs)
         self.failure: str | None = None
@@ -86,15 +87,25 @@ class Run:
         forwards = sum(s.forward_passes for s in stats)
         drafted = sum(s.drafted_tokens for s in stats)
         accepted = sum(s.accepted_draft_tokens for s in stats)
-        return {"drafter": self.state.drafter, "new_tokens": new, "forward_passes": forwards,
-                "mean_accepted_tokens": round(new / forwards, 4) if forwards else 0.0,
-                "drafted_tokens": drafted, "accepted_draft_tokens": accepted,
-                "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0}
+        return {
+            "drafter": self.state.drafter,
+            "new_tokens": new,
+            "forward_passes": forwards,
+            "mean_accepted_tokens": round(new / forwards, 4) if forwards else 0.0,
+            "drafted_tokens": drafted,
+            "accepted_draft_tokens": accepted,
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+        }
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.state.model_name,
-                "system_fingerprint": None}
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.state.model_name,
+            "system_fingerprint": None,
+        }
 
     async def collect(self) -> dict:
         texts = [[job["echo"]] for job in self.jobs]
@@ -109,12 +120,22 @@ class Run:
         for i, parts in enumerate(texts):
             text = "".join(parts)
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                                "logprobs": None, "finish_reason": reasons[i]})
+                choices.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": text, "refusal": None},
+                        "logprobs": None,
+                        "finish_reason": reasons[i],
+                    }
+                )
             else:
                 choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reasons[i]})
-        return {**self._head(False), "choices": choices, "usage": self._usage(),
-                "leapdecode": self._spec(range(len(self.jobs)))}
+        return {
+            **self._head(False),
+            "choices": choices,
+            "usage": self._usage(),
+            "leapdecode": self._spec(range(len(self.jobs))),
+        }
 
     def _chunk(self, i: int, text: str | None, reason: str | None, role: bool = False) -> dict:
         if self.chat:

@@ -1,5 +1,6 @@
 """Running an app under uvicorn: in the foreground (`leapdecode serve`) or in a background thread of this process
 (tests, benchmarks), bound to 127.0.0.1 unless told otherwise."""
+
 from __future__ import annotations
 
 import socket
@@ -17,8 +18,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def uvicorn_config(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> uvicorn.Config:
     # the asyncio loop and h11: the same everywhere, whatever optional speedups happen to be installed
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, loop="asyncio", http="h11",
-                          timeout_keep_alive=30, backlog=2048)
+    return uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, loop="asyncio", http="h11", timeout_keep_alive=30, backlog=2048
+    )
 
 
 class BackgroundServer:

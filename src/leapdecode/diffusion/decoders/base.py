@@ -1,4 +1,5 @@
 """One interface for every parallel-decoding policy: given the step's view, choose positions to commit."""
+
 from __future__ import annotations
 
 import torch

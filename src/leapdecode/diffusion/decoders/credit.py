@@ -1,6 +1,7 @@
 """CreditDecoding (trace credit): each position accumulates decayed credit for the token it keeps predicting across
 steps; the credit is fused into the current logits, so a token that has been stable for a while reaches the commit
 threshold earlier than its current confidence alone would allow."""
+
 from __future__ import annotations
 
 import torch

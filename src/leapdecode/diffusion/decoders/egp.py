@@ -1,5 +1,6 @@
 """Extremely Greedy Parallel (EGP), the oracle Learn2PD imitates: commit every masked position whose current
 prediction already equals the reference decode's final token (or the most confident one if none does)."""
+
 from __future__ import annotations
 
 from ...errors import require

@@ -1,5 +1,6 @@
 """LLaDA baseline: a fixed number of steps per block; each step commits the k most confident masked positions
 (low-confidence remasking), k = remaining masks / remaining steps. steps = gen length is one token per forward."""
+
 from __future__ import annotations
 
 from ...errors import require
@@ -12,8 +13,9 @@ class FixedStepsDecoder(Decoder):
 
     def __init__(self, steps: int | None = None, tokens_per_step: int | None = None) -> None:
         require(steps is None or steps > 0, f"steps must be positive, got {steps}")
-        require(tokens_per_step is None or tokens_per_step > 0,
-                f"tokens per step must be positive, got {tokens_per_step}")
+        require(
+            tokens_per_step is None or tokens_per_step > 0, f"tokens per step must be positive, got {tokens_per_step}"
+        )
         self.steps, self.tokens_per_step = steps, tokens_per_step
 
     def _steps_per_block(self, view: StepView) -> int:

@@ -1,6 +1,7 @@
 """Learn2PD (learnable parallel decoding): a tiny filter over per-position features (confidence, margin, entropy,
 stability across steps, position, step) predicts whether the current prediction already equals the final output;
 every masked position it accepts is committed. Trained post hoc on reference-decode traces (see filter_train.py)."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,9 @@ class PositionFilter(nn.Module):
     def __init__(self, n_features: int = len(FEATURES), hidden: int = 32) -> None:
         super().__init__()
         self.hidden = hidden
-        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, 1))
+        self.net = nn.Sequential(
+            nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
+        )
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.net(features).squeeze(-1)
@@ -57,14 +59,17 @@ class PositionFilter(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(directory / FILTER_FILE))
-        (directory / FILTER_CONFIG).write_text(json.dumps({"features": FEATURES, "hidden": self.hidden, **(meta or {})},
-                                                          indent=1))
+        (directory / FILTER_CONFIG).write_text(
+            json.dumps({"features": FEATURES, "hidden": self.hidden, **(meta or {})}, indent=1)
+        )
 
     @classmethod
     def load(cls, directory: str | Path) -> "PositionFilter":
         directory = Path(directory)
-        require((directory / FILTER_FILE).is_file(),
-                f"no Learn2PD filter at {directory}; train one with `leapdecode dllm train-filter`")
+        require(
+            (directory / FILTER_FILE).is_file(),
+            f"no Learn2PD filter at {directory}; train one with `leapdecode dllm train-filter`",
+        )
         cfg = json.loads((directory / FILTER_CONFIG).read_text())
         require(cfg["features"] == FEATURES, f"filter at {directory} was trained on other features")
         model = cls(len(FEATURES), cfg["hidden"])

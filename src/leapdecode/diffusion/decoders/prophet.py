@@ -1,5 +1,6 @@
 """Prophet (early answer convergence): decode like the baseline, but once the top-2 logit gap of every remaining
 masked position in the block is large, commit all of them in this forward ("go all in")."""
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,9 @@ from .base import Decoder, top_k_mask
 class ProphetDecoder(Decoder):
     name = "prophet"
 
-    def __init__(self, gaps: tuple[float, float, float] = (7.5, 5.0, 2.5), scale: float = 1.0,
-                 tokens_per_step: int = 1) -> None:
+    def __init__(
+        self, gaps: tuple[float, float, float] = (7.5, 5.0, 2.5), scale: float = 1.0, tokens_per_step: int = 1
+    ) -> None:
         require(scale > 0, f"prophet gap scale must be positive, got {scale}")
         require(tokens_per_step > 0, f"tokens per step must be positive, got {tokens_per_step}")
         self.gaps, self.scale, self.tokens_per_step = gaps, scale, tokens_per_step

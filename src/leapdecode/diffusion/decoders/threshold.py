@@ -1,5 +1,6 @@
 """Fast-dLLM confidence threshold: commit every masked position whose top probability is at least tau
 (at least the most confident one per step)."""
+
 from __future__ import annotations
 
 from ...errors import require
