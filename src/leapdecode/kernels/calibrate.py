@@ -118,8 +118,8 @@ def assign_plans(modules: list[torch.nn.Linear]) -> None:
                     out,
                     inp,
                     dtype,
-                    lambda: [m.weight.detach()],
-                    ARGMAX_PATHS,  # noqa: B023 - called at once, in this iteration
+                    lambda: [m.weight.detach()],  # noqa: B023 - called at once, in this iteration
+                    ARGMAX_PATHS,
                     ARGMAX_BUCKETS,
                 )
                 fresh |= new
