@@ -10,9 +10,6 @@ import sys
 from .errors import LeapDecodeError, require
 from .models.registry import DEFAULT_MODEL
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail at once instead of retrying for ~50 s
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
 
 def _int(text: str) -> int:
     try:
@@ -171,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the command line's own process: transformers' progress chatter off unless the user set a level (the loader
+    # never reaches for the hub, see models.loader: no offline switch is needed)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
