@@ -3,18 +3,11 @@ generator for any OpenAI-compatible URL)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 
+from ..cli import _int
 from ..errors import LeapDecodeError, require
 from ..models.registry import DEFAULT_MODEL
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def register(sub) -> None:

@@ -134,27 +134,15 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry.register(_EngineCollector(engine_thread, model_name))
         labels = ["model_name"]
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            labels,
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
-        ).labels(model_name)
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Time between successive outputs of a request.",
-            labels,
-            buckets=ITL_BUCKETS,
-            registry=self.registry,
-        ).labels(model_name)
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Request latency, arrival to last token.",
-            labels,
-            buckets=E2E_BUCKETS,
-            registry=self.registry,
-        ).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets):
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(model_name)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Time between successive outputs of a request.", ITL_BUCKETS
+        )
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token.", E2E_BUCKETS)
         self._success = Counter(
             "vllm:request_success",
             "Requests finished, by finish reason.",
