@@ -19,7 +19,7 @@ from leapdecode.controller import DraftDemand, DraftLengthController, StepCost, 
 from leapdecode.engine import Engine
 from leapdecode.errors import LeapDecodeError
 
-DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model")
+DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model", "select")
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +148,9 @@ def test_prefix_cache_reuses_and_stays_exact(target, draft):
     assert small.prefix_cache.tokens <= 32  # bounded: least recently used blocks are evicted
 
 
-def test_stop_strings_end_the_text_before_them(target, draft):
-    eng = engine(target, draft, "prompt-lookup")
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])  # none: the stop string ends every step's tokens
+def test_stop_strings_end_the_text_before_them(target, draft, drafter):
+    eng = engine(target, draft, drafter)
     prompt = "w1 w2 w3 w4 w5"
     full = generate(target, prompt, drafter="none", max_new_tokens=20, raw=True)
     words = full.text.split()

@@ -412,7 +412,7 @@ class Engine:
             self.counters["spec_decode_num_draft_tokens"] += drafted
             self.counters["spec_decode_num_accepted_tokens"] += drafted - rejected
         used = request.text.push(new)
-        if used < len(new):  # a stop string ended the request inside this step's tokens
+        if request.text.stopped:  # a stop string ended the request at this step's token number `used`
             del seq.out[len(seq.out) - len(new) + used :]
             new = new[:used]
             seq.stats.stop_reason = "stop"
