@@ -67,7 +67,7 @@ def prompts(draw):
 def run_property(models, arch, data):
     prompt = data.draw(prompts(), label="prompt")
     drafter_name = data.draw(
-        st.sampled_from(["none", "prompt-lookup", "ngram", "draft-model", "head"]), label="drafter"
+        st.sampled_from(["none", "prompt-lookup", "ngram", "draft-model", "head", "select"]), label="drafter"
     )
     k = data.draw(st.integers(1, 8), label="k")
     adaptive = data.draw(st.booleans(), label="adaptive")
@@ -97,6 +97,14 @@ def run_property(models, arch, data):
         }
     elif drafter_name == "ngram":
         options = {"store_key": f"test-{arch}"}
+    elif drafter_name == "select":
+        head = models[arch]["heads"][data.draw(st.sampled_from(["trained", "random"]), label="head")]
+        candidates = [
+            make_drafter("head", head=head),
+            make_drafter("prompt-lookup"),
+            make_drafter("ngram", store_key=f"test-select-{arch}"),
+        ]
+        options = {"candidates": candidates, "trial_steps": data.draw(st.integers(0, 4), label="trial_steps")}
     drafter = make_drafter(drafter_name, **options)
     out, stats = decode(
         Runner(target),

@@ -117,6 +117,8 @@ def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", 
     _check_draft_model(drafter, draft_model)
     if drafter == "auto":
         drafter = default_drafter(target.name)
+    if drafter == "select":
+        return _select_factory(target, **options)
     if drafter == "draft-model" and draft_model is not None:
         draft = resolve_model(draft_model, tokenizer=target.tokenizer, dtype=draft_dtype)
         if not same_tokenizer(draft.tokenizer, target.tokenizer):
@@ -131,6 +133,23 @@ def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", 
         options["head"] = attached_head(target, options.pop("head", None) or target.name)
     make_drafter(drafter, **options)  # fail now on a bad name or option
     return lambda: make_drafter(drafter, **options)
+
+
+SELECT_CANDIDATES = ("head", "prompt-lookup", "ngram")
+
+
+def _select_factory(target, candidates=None, head=None, store_key=None, **options) -> Callable[[], Drafter]:
+    """Drafter 'select': a per-request choice among `candidates` (names; default: the shipped head where the target
+    has one, prompt lookup and n-grams), each built as it would be alone (`head`, `store_key` go to theirs)."""
+    from .heads.model import has_shipped_head
+
+    names = list(candidates or [n for n in SELECT_CANDIDATES if n != "head" or head or has_shipped_head(target.name)])
+    for name in names:
+        require(name in SELECT_CANDIDATES, f"select candidates come from {', '.join(SELECT_CANDIDATES)}, not '{name}'")
+    own = {"head": {"head": head} if head else {}, "ngram": {"store_key": store_key} if store_key else {}}
+    makers = [drafter_factory(n, target, **own.get(n, {})) for n in names]
+    make_drafter("select", candidates=[m() for m in makers], **options)  # fail now on a bad option
+    return lambda: make_drafter("select", candidates=[m() for m in makers], **options)
 
 
 def default_drafter(target_name: str) -> str:

@@ -24,7 +24,7 @@ from ..errors import require
 from ..report_kit import markdown_table, meta_lines, pyplot
 from .methods import _FirstTokenTimer, divergence, first_difference, truncate_at_eos
 
-DRAFTERS = ("prompt-lookup", "ngram", "head", "draft-model")
+DRAFTERS = ("prompt-lookup", "ngram", "head", "select", "draft-model")
 METHODS = ("hf-generate", "hf-generate-batch", "engine", *(f"engine-{d}" for d in DRAFTERS))
 
 

@@ -18,7 +18,7 @@ from ..errors import LeapDecodeError, require
 from ..runner import Runner
 
 HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
-LEAP_METHODS = ("none", "prompt-lookup", "ngram", "draft-model", "head", "oracle")
+LEAP_METHODS = ("none", "prompt-lookup", "ngram", "draft-model", "head", "select", "oracle")
 FLOOR_METHOD = "bare-forward"
 METHODS = HF_METHODS + LEAP_METHODS + (FLOOR_METHOD,)
 NEEDS_DRAFT_MODEL = ("hf-assisted", "draft-model")
@@ -173,11 +173,12 @@ def run_leap(
 
 
 def _drafter_options(ctx: BenchContext, method: str, store_key: str) -> dict | None:
-    if method == "ngram":
-        return {"store_key": store_key}
-    if method == "head" and ctx.head:
-        return {"head": ctx.head}
-    return None
+    options = {}
+    if method in ("ngram", "select"):
+        options["store_key"] = store_key
+    if method in ("head", "select") and ctx.head:
+        options["head"] = ctx.head
+    return options or None
 
 
 def run_bare_forward(ctx: BenchContext, prompt_ids: list[int]) -> Measurement:

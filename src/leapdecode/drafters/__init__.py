@@ -10,8 +10,9 @@ from .ngram import NGramDrafter
 from .none import NoDrafter
 from .oracle import OracleDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .select import SelectDrafter
 
-DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model", "head")
+DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model", "head", "select")
 
 __all__ = [
     "Draft",
@@ -24,12 +25,14 @@ __all__ = [
     "DraftModelDrafter",
     "HeadDrafter",
     "OracleDrafter",
+    "SelectDrafter",
 ]
 
 
 def make_drafter(name: str, *, draft_model=None, reference: list[int] | None = None, head=None, **options) -> Drafter:
     """Build a drafter by its CLI name. `draft_model` (an HF model) is required for draft-model, `head` (a DraftHead
-    attached to the target) for head, `reference` (the known greedy continuation) for oracle."""
+    attached to the target) for head, `candidates` (Drafter instances) for select, `reference` (the known greedy
+    continuation) for oracle."""
     if name == "none":
         return NoDrafter()
     if name == "prompt-lookup":
@@ -44,6 +47,8 @@ def make_drafter(name: str, *, draft_model=None, reference: list[int] | None = N
         if head is None:
             raise LeapDecodeError("drafter 'head' needs a trained draft head (leapdecode.heads.load_head)")
         return HeadDrafter(head, **options)
+    if name == "select":
+        return SelectDrafter(**options)
     if name == "oracle":
         if reference is None:
             raise LeapDecodeError("drafter 'oracle' needs the reference continuation (benchmark only)")
