@@ -2,6 +2,9 @@
 row count and caches it per host, and missing or failing oneDNN ops fall back to F.linear with a one-line notice."""
 
 import logging
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -185,3 +188,16 @@ def test_a_packed_call_failing_at_run_time_falls_back_for_that_layer(monkeypatch
         with caplog.at_level(logging.WARNING, logger="leapdecode"):
             assert torch.equal(runner.forward(ids[4:]), plain)
     assert len({r.getMessage() for r in caplog.records}) == 1 and all(r.exc_info is None for r in caplog.records)
+
+
+def test_a_process_competing_for_the_cores_is_seen_at_once():
+    """Runnable tasks are sampled now, not averaged over the last minute."""
+    if calibrate._others_running() is None:
+        pytest.skip("no /proc/stat on this OS")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert calibrate._others_running() >= 1
+    finally:
+        spinner.kill()
+        spinner.wait()
