@@ -34,15 +34,14 @@ def _busy() -> str:
 
     import torch
 
-    try:
-        load, cpus = os.getloadavg()[0], os.cpu_count() or 1
-    except OSError:
+    from ..report_kit import other_load, oversubscribed
+
+    threads, load = torch.get_num_threads(), other_load()
+    if not oversubscribed(load, threads):
         return ""
-    if load + torch.get_num_threads() <= cpus + 0.5:
-        return ""
-    threads = torch.get_num_threads()
-    return f"load average {load:.1f} on {cpus} CPUs with {threads} torch thread(s): timings will be noisy" + (
-        "; --threads 1 is steadier on a shared machine" if threads > 1 else ""
+    return (
+        f"{load:g} other tasks running on {os.cpu_count()} CPUs with {threads} torch thread(s): timings will be noisy"
+        + ("; --threads 1 is steadier on a shared machine" if threads > 1 else "")
     )
 
 

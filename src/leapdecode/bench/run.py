@@ -12,7 +12,7 @@ import torch
 from ..api import attached_head, encode_prompt
 from ..errors import LeapDecodeError
 from ..models.quantize import dtype_name
-from ..report_kit import environment
+from ..report_kit import environment, other_load, oversubscribed
 from .forward_cost import forward_costs
 from .methods import BenchContext
 from .plots import plot_draft_length, plot_speedup
@@ -27,13 +27,6 @@ class BenchOutput:
     results: pathlib.Path
     report: pathlib.Path
     plots: list[pathlib.Path]
-
-
-def _load() -> float:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return 0.0
 
 
 def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: list[Question]) -> dict:
@@ -105,7 +98,7 @@ def run_benchmark(
     setup = machine_setup(ctx, cfg, suite, questions)
     from transformers.utils import logging as tlog
 
-    load_start = _load()
+    load_start = other_load()
     level = tlog.get_verbosity()
     tlog.set_verbosity_error()  # HF generate warns about flags it ignores; nothing a reader needs
     try:
@@ -123,8 +116,9 @@ def run_benchmark(
 
         setup["kernels chosen"] = "; ".join(describe_kernels(target.model))
         run["kernels"] = kernel_table(target.model)
-    setup["load average (1 min)"] = f"{load_start} at start, {_load()} at end on {os.cpu_count()} CPUs" + (
-        ": a busy machine, timings are noisy" if max(load_start, _load()) > (os.cpu_count() or 1) else ""
+    loads = (load_start, other_load())
+    setup["other processes' running tasks"] = f"{loads[0]} at start, {loads[1]} at end on {os.cpu_count()} CPUs" + (
+        ": a busy machine, timings are noisy" if any(oversubscribed(x, torch.get_num_threads()) for x in loads) else ""
     )
     meta = {
         "model": target.name,

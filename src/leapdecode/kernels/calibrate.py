@@ -27,6 +27,7 @@ from collections import defaultdict
 
 import torch
 
+from ..report_kit import other_load, oversubscribed
 from .ops import PAD_ROWS
 from .packed import ARGMAX_PATHS, LINEAR_PATHS, _settings, apply, available, drop_derived, installed, prepare
 
@@ -298,28 +299,7 @@ def _measure(weights: list[torch.Tensor], dtype: torch.dtype, paths, buckets) ->
 def _quiet() -> bool:
     """Whether other processes leave this one's torch threads their cores: timings taken on a busy machine rank the
     paths by how they share CPUs, so they serve this process only and are not written to the disk cache."""
-    others = _others_running()
-    if others is None:  # no /proc: the load average, which also counts this process's own recent work
-        try:
-            others = os.getloadavg()[0]
-        except OSError:
-            return True
-    return others + torch.get_num_threads() <= (os.cpu_count() or 1) + 0.5
-
-
-def _others_running(samples: int = 15) -> float | None:
-    """Tasks of other processes runnable right now (Linux `procs_running`, less the thread that reads it), the median
-    of samples a few ms apart. The 1-minute load average lags: right after this process loaded a model or ran a
-    warm-up it reads as busy on an idle machine, and then nothing would ever be cached."""
-    counts = []
-    for _ in range(samples):
-        time.sleep(3e-3)  # lets this process's own worker threads settle
-        try:
-            with open("/proc/stat") as f:
-                counts += [int(line.split()[1]) - 1 for line in f if line.startswith("procs_running")]
-        except (OSError, ValueError, IndexError):
-            return None
-    return sorted(counts)[len(counts) // 2] if counts else None
+    return not oversubscribed(other_load(), torch.get_num_threads())
 
 
 def _warm(states: dict, x: torch.Tensor) -> float:
