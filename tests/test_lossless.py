@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter
+from leapdecode.drafters.draft_model import LOOKUP
 from leapdecode.models.quantize import quantize_int8
 from leapdecode.runner import Runner
 from leapdecode.sampling import SamplingConfig
@@ -86,7 +87,11 @@ def run_property(models, arch, data):
     options = {}
     if drafter_name == "draft-model":
         kind = data.draw(st.sampled_from(["self", "noisy", "independent", "int8"]), label="draft")
-        options = {"draft_model": models[arch]["drafts"][kind], "confidence": data.draw(st.sampled_from([0.0, 0.05]))}
+        options = {
+            "draft_model": models[arch]["drafts"][kind],
+            "confidence": data.draw(st.sampled_from([0.0, 0.05, 0.5]), label="confidence"),  # 0.5: "after" copies
+            "lookup": data.draw(st.sampled_from(LOOKUP), label="lookup"),
+        }
     elif drafter_name == "prompt-lookup":
         options = {"max_ngram": data.draw(st.integers(1, 4), label="max_ngram")}
     elif drafter_name == "head":
@@ -227,7 +232,11 @@ def test_greedy_on_undecided_models_differs_from_hf_only_at_near_ties(undecided,
     options = {"prompt-lookup": {"max_ngram": 2}, "ngram": {"store_key": f"undecided-{arch}"}, "none": {}}.get(name)
     if name == "draft-model":
         kind = data.draw(st.sampled_from(["noisy", "independent", "int8"]), label="draft")
-        options = {"draft_model": undecided[arch][kind], "confidence": 0.0}
+        options = {
+            "draft_model": undecided[arch][kind],
+            "confidence": data.draw(st.sampled_from([0.0, 0.5]), label="confidence"),
+            "lookup": data.draw(st.sampled_from(LOOKUP), label="lookup"),
+        }
     out, _ = decode(
         Runner(target),
         prompt,

@@ -206,7 +206,7 @@ def test_replayed_randomness_is_rejected_with_model_free_drafts(monkeypatch):
 # ------------------------------------------------------------------ tiny transformer, sampling draft model
 
 
-def model_records(target, draft, cfg, runs, k=4, max_new=6):
+def model_records(target, draft, cfg, runs, k=4, max_new=6, lookup="off"):
     records, longest = [], 0
     for seed in range(runs):
         prompt = [seed % V, 2, 3, (seed // V) % V]
@@ -214,7 +214,7 @@ def model_records(target, draft, cfg, runs, k=4, max_new=6):
         out, stats = decode(
             Runner(target),
             prompt,
-            make_drafter("draft-model", draft_model=draft, confidence=0.0),
+            make_drafter("draft-model", draft_model=draft, confidence=0.5 if lookup == "after" else 0.0, lookup=lookup),
             sampling=run_cfg,
             controller=DraftLengthController(k_init=k, k_max=k, adaptive=False),
             max_new_tokens=max_new,
@@ -240,12 +240,19 @@ def transformer_pair():
     return target, noisy_copy(target, seed=4, noise=1.0)
 
 
-def test_draft_model_steps_keep_every_position_exact(transformer_pair, monkeypatch):
+@pytest.mark.parametrize("lookup", ["off", "first", "after"])
+def test_draft_model_steps_keep_every_position_exact(transformer_pair, monkeypatch, lookup):
+    """With lookup, drafts mix tokens copied from the request (q one-hot) with sampled ones (q of the draft model),
+    before or after them (after: where the draft model's confidence falls under 0.5), so both kinds of row meet in one
+    verification."""
     target, draft = transformer_pair
     cfg = SamplingConfig(temperature=0.9, top_p=0.95)
-    assert conditional_chi_square(model_records(target, draft, cfg, runs=200)) > ALPHA
+    longer = {} if lookup == "off" else {"max_new": 12, "k": 6}  # room for repeats to copy
+    records = model_records(target, draft, cfg, runs=200, lookup=lookup, **longer)
+    assert conditional_chi_square(records) > ALPHA
     monkeypatch.setattr(sequence_module, "speculative_accept", buggy_accept("p/q of the wrong token"))
-    assert conditional_chi_square(model_records(target, draft, cfg, runs=200)) < ALPHA
+    records = model_records(target, draft, cfg, runs=200, lookup=lookup, **longer)
+    assert conditional_chi_square(records) < ALPHA
 
 
 def test_plain_sampling_draws_position_j_from_its_own_generator():
@@ -267,3 +274,30 @@ def test_plain_sampling_draws_position_j_from_its_own_generator():
         logits = target(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : -1]
     exact = probabilities(logits, cfg)
     assert out == [_sample(exact[j], generator_at(11, j)) for j in range(len(out))]
+
+
+@pytest.mark.parametrize("lookup", ["first", "after"])
+def test_copied_draft_rows_are_one_hot_and_written_rows_are_the_draft_models_q(transformer_pair, lookup):
+    """Where a draft mixes copied and written tokens, each row of its q is the one-hot of a copied token or exactly the
+    draft model's distribution after the tokens before it, and the copies sit where `lookup` puts them (first: a
+    prefix, after: a suffix). A q that misstates a copied token's probability would bias acceptance."""
+    target, draft_model = transformer_pair
+    cfg = SamplingConfig(temperature=0.9, top_p=0.95, seed=0)
+    drafter = make_drafter("draft-model", draft_model=draft_model, confidence=0.5, lookup=lookup)
+    mixed = 0
+    for seed in range(V**3):
+        context = [seed % V, 2, 3, (seed // V) % V, 2, 3, seed // V**2]
+        drafter.start(context[:3], cfg)
+        draft = drafter.propose(context, 6)
+        if draft.probs is None:
+            continue
+        with torch.no_grad():
+            logits = draft_model(torch.tensor([context + draft.tokens])).logits[0, len(context) - 1 : -1]
+        q = probabilities(logits, cfg)
+        copied = [not torch.allclose(row, q_i, atol=1e-5) for row, q_i in zip(draft.probs, q)]
+        for t, row, is_copy in zip(draft.tokens, draft.probs, copied):
+            assert not is_copy or (row[t] == 1 and row.sum() == 1), (seed, draft.tokens, row)
+        expected_order = sorted(copied, reverse=lookup == "first")  # copies first, or copies last
+        assert copied == expected_order, (seed, copied)
+        mixed += any(copied) and not all(copied)
+    assert mixed >= 5, f"only {mixed} mixed drafts: the test did not exercise the mix"

@@ -47,3 +47,45 @@ def test_select_keeps_the_first_candidate_on_ties_and_after_no_trial(tiny_target
     select = SelectDrafter([a, b], trial_steps=0)
     generate(tiny_target, [5, 6, 7], drafter=select, max_new_tokens=8)
     assert select.leader is a and b.proposals == 0
+
+
+class Recorded(Drafter):
+    """Drafts `right` tokens of the reference, then wrong ones; records (position, draft) of every proposal."""
+
+    def __init__(self, reference, right):
+        self.reference, self.right, self.proposals = reference, right, []
+
+    def propose(self, context, k):
+        p = len(context)
+        tokens = (self.reference[p : p + self.right(p)] + [3] * k)[:k]
+        self.proposals.append((p, tokens))
+        return Draft(tokens)
+
+
+def test_select_scores_each_draft_by_what_the_target_would_have_accepted_not_by_the_verified_step_alone():
+    """A candidate that is not verified is credited with every token of its draft that the target produces at those
+    positions, learnt over the following steps: scoring against one step's new tokens alone would cap it at the
+    leader's acceptance (here 2 + 1 tokens while it drafts 6 right) and keep the leader."""
+    reference = list(range(100, 300))
+    prompt = reference[:9]
+    two = Recorded(reference, lambda p: 2)
+    six = Recorded(reference, lambda p: 6 if p % 2 else 0)  # right from odd positions
+    select = SelectDrafter([two, six], trial_steps=6)
+    select.start(prompt, None)
+    context = list(prompt)
+    for _ in range(12):  # the trial, then steps that finish scoring its last drafts
+        draft = select.propose(context, 6)
+        accepted = _prefix(draft.tokens, reference[len(context) :])
+        context = reference[: len(context) + accepted + 1]
+        select.observe(context, accepted + 1)
+    for i, candidate in enumerate((two, six)):
+        trial = candidate.proposals[:6]
+        assert select.matched[i] == sum(_prefix(tokens, reference[p:]) for p, tokens in trial)
+    assert select.matched[1] > select.matched[0] and select.leader is six
+
+
+def _prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

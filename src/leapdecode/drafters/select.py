@@ -2,12 +2,15 @@
 
 No drafter wins everywhere: prompt lookup is ahead where the answer copies the prompt (extraction, summaries), the
 draft head on free text, the online n-grams on repetitive output. For the first `trial_steps` steps of a request
-every candidate proposes; after each step each candidate is scored by how many of its tokens the target actually
-produced next (the common prefix of its draft and the step's new tokens), and the draft that is verified comes from
-the candidate with the most matched tokens so far (ties go to the earlier one). After the trial only the leader
-proposes, since the others' drafts would cost time and never be verified. Every candidate still observes every step,
-so whichever leads has current state. The choice changes only which tokens are proposed, never how they are verified:
-output stays that of plain greedy decoding.
+every candidate proposes, and each draft is scored by the tokens the target would have accepted had it been the one
+verified: the common prefix of the draft and what the target produces at those positions. Only the verified draft's
+positions are known after its own step, so a draft longer than what was accepted is scored over the following steps,
+as the target produces those tokens (scoring against one step's new tokens alone would cap every other candidate at
+the leader's acceptance, and keep the leader). The verified draft comes from the candidate with the most accepted
+tokens so far, counting what is already known of drafts still being scored (ties go to the earlier one). After the
+trial only the leader proposes, since the others' drafts would cost time and never be verified. Every candidate still
+observes every step, so whichever leads has current state. The choice changes only which tokens are proposed, never
+how they are verified: output stays that of plain greedy decoding.
 """
 
 from __future__ import annotations
@@ -30,28 +33,39 @@ class SelectDrafter(Drafter):
     def start(self, prompt_ids, sampling) -> None:
         for candidate in self.candidates:
             candidate.start(prompt_ids, sampling)
-        self.matched = [0] * len(self.candidates)
+        self.matched = [0] * len(self.candidates)  # accepted tokens of fully scored drafts, per candidate
+        self.pending: list[tuple[int, int, list[int]]] = []  # (candidate, position of its first token, tokens)
         self.trials = 0
-        self.drafts: list[Draft] = []  # every candidate's draft of the current trial step
+        self.context: list[int] = []
 
     @property
     def leader(self) -> Drafter:
-        return self.candidates[max(range(len(self.candidates)), key=lambda i: (self.matched[i], -i))]
+        known = list(self.matched)
+        for i, start, tokens in self.pending:
+            known[i] += _common_prefix(tokens, self.context[start:])
+        return self.candidates[max(range(len(self.candidates)), key=lambda i: (known[i], -i))]
 
     def propose(self, context: list[int], k: int) -> Draft:
+        self.context = context
         if self.trials >= self.trial_steps:
             return self.leader.propose(context, k)
         leader = self.leader
-        self.drafts = [c.propose(context, k) for c in self.candidates]
-        return self.drafts[self.candidates.index(leader)]
+        drafts = [c.propose(context, k) for c in self.candidates]
+        self.pending += [(i, len(context), d.tokens) for i, d in enumerate(drafts) if d.tokens]
+        self.trials += 1
+        return drafts[self.candidates.index(leader)]
 
     def observe(self, context: list[int], n_new: int) -> None:
-        if self.drafts:
-            new = context[-n_new:]
-            for i, draft in enumerate(self.drafts):
-                self.matched[i] += _common_prefix(draft.tokens, new)
-            self.trials += 1
-            self.drafts = []
+        self.context = context
+        still = []
+        for i, start, tokens in self.pending:
+            produced = context[start : start + len(tokens)]
+            n = _common_prefix(tokens, produced)
+            if n < len(produced) or len(produced) == len(tokens):  # mismatched, or every drafted position known
+                self.matched[i] += n
+            else:
+                still.append((i, start, tokens))
+        self.pending = still
         for candidate in self.candidates:
             candidate.observe(context, n_new)
 
