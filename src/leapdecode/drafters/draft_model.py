@@ -50,8 +50,7 @@ class DraftModelDrafter(Drafter):
     def propose(self, context: list[int], k: int) -> Draft:
         if k == 0:
             return Draft([])
-        copy = self.copier.propose(context, k).tokens if self.lookup == "first" else []
-        tokens = list(copy)  # a copy of the list: EMPTY's is shared
+        tokens = list(self.copier.propose(context, k).tokens) if self.lookup == "first" else []  # EMPTY is shared
         if len(tokens) == k:
             return Draft(tokens)
         dists: list[torch.Tensor | None] = [None] * len(tokens)  # None: a copied token (q one-hot)

@@ -34,19 +34,15 @@ class SelectDrafter(Drafter):
         for candidate in self.candidates:
             candidate.start(prompt_ids, sampling)
         self.matched = [0] * len(self.candidates)  # accepted tokens of fully scored drafts, per candidate
+        self.score = list(self.matched)  # matched, plus what is known so far of drafts still being scored
         self.pending: list[tuple[int, int, list[int]]] = []  # (candidate, position of its first token, tokens)
         self.trials = 0
-        self.context: list[int] = []
 
     @property
     def leader(self) -> Drafter:
-        known = list(self.matched)
-        for i, start, tokens in self.pending:
-            known[i] += _common_prefix(tokens, self.context[start:])
-        return self.candidates[max(range(len(self.candidates)), key=lambda i: (known[i], -i))]
+        return self.candidates[max(range(len(self.candidates)), key=lambda i: (self.score[i], -i))]
 
     def propose(self, context: list[int], k: int) -> Draft:
-        self.context = context
         if self.trials >= self.trial_steps:
             return self.leader.propose(context, k)
         leader = self.leader
@@ -56,8 +52,7 @@ class SelectDrafter(Drafter):
         return drafts[self.candidates.index(leader)]
 
     def observe(self, context: list[int], n_new: int) -> None:
-        self.context = context
-        still = []
+        still, known = [], [0] * len(self.candidates)
         for i, start, tokens in self.pending:
             produced = context[start : start + len(tokens)]
             n = _common_prefix(tokens, produced)
@@ -65,7 +60,9 @@ class SelectDrafter(Drafter):
                 self.matched[i] += n
             else:
                 still.append((i, start, tokens))
+                known[i] += n
         self.pending = still
+        self.score = [m + n for m, n in zip(self.matched, known)]
         for candidate in self.candidates:
             candidate.observe(context, n_new)
 
