@@ -118,11 +118,18 @@ def test_cli_rejects_nonsense_before_loading_anything(tmp_path, capsys):
 
     assert main(["heads", "train", "--out", str(tmp_path), "--epochs", "0"]) == 2
     assert main(["generate", "hi", "--drafter", "ngram", "--head", str(tmp_path)]) == 2
+    assert main(["heads", "train", "--out", str(tmp_path), "--rounds", "self,tweets"]) == 2
+    assert main(["heads", "train", "--out", str(tmp_path), "--rounds", "categories"]) == 2
+    assert main(["heads", "train", "--out", str(tmp_path), "--writer", "qwen2.5-coder-1.5b"]) == 2
+    assert main(["heads", "train", "--out", str(tmp_path), "--init", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
+    assert err[:2] == [
         "leapdecode: error: --vocab, --depth, --epochs, --batch-size and --lr must be positive",
         "leapdecode: error: --head goes with --drafter head",
     ]
+    assert err[2] == "leapdecode: error: --rounds takes self and categories, got self,tweets"
+    assert err[3:5] == ["leapdecode: error: --writer goes with --rounds categories, and it needs one"] * 2
+    assert err[5].startswith("leapdecode: error: no trained draft head for") and len(err) == 6
 
 
 def test_questions_the_target_writes_become_prompts():
@@ -163,3 +170,103 @@ def test_open_round_samples_questions_reproducibly(tmp_path):
         sampled.append([r["answer_ids"] for r in answer(model, tokenizer, chats, 8, temperature=5.0, top_k=0)])
     assert all(row == greedy[0] for row in greedy)
     assert sampled[0] == sampled[1] and sampled[0] != sampled[2] and len({tuple(r) for r in sampled[0]}) > 1
+
+
+def test_training_continues_from_a_head(target):
+    """With init, training starts from that head's weights and keeps its vocabulary and width (a learning rate of
+    almost nothing leaves its agreement as it was)."""
+    from leapdecode.heads.train import HeadTrainConfig, train_head
+
+    trained, _ = tiny_head(target, trained=True)
+    cfg = HeadTrainConfig(vocab=5, intermediate=64, epochs=1, batch_size=64, lr=1e-12, val_share=0.2)
+    continued, _ = train_head(target, greedy_records(target, 8, seed=3), cfg, "tiny", log=lambda *a: None, init=trained)
+    assert torch.equal(continued.vocab_ids, trained.vocab_ids)
+    assert continued.config.intermediate_size == trained.config.intermediate_size
+    assert held_out(target, continued) == held_out(target, trained)
+
+
+def test_category_requests_become_target_prompts():
+    import random
+
+    from leapdecode.bench.make_suites import MT_BENCH_CATEGORIES, SINGLE_TURN_CATEGORIES
+    from leapdecode.heads.category_prompts import CATEGORIES, LONG, target_prompt, writer_requests
+
+    assert set(CATEGORIES) == set(MT_BENCH_CATEGORIES + SINGLE_TURN_CATEGORIES)
+    requests = writer_requests(random.Random(0), 3)
+    assert (
+        len(requests) == 3 * (len(CATEGORIES) - len(LONG)) + len(LONG)
+        and len({chat[0]["content"] for _, _, chat in requests}) > 30
+    )
+    passage = "Tides rise and fall twice a day because the moon pulls on the oceans."
+    assert target_prompt("rag", "German", passage) is None  # no question to answer
+    assert target_prompt("rag", "German", f"{passage}\nQuestion: Why do tides rise?").endswith(
+        f"Passage: {passage}\n\nQuestion: Why do tides rise?"
+    )
+    assert target_prompt("translation", "French", "Le maire a ouvert la nouvelle ligne de tram hier.").startswith(
+        "Translate the following French text into English."
+    )
+    assert (
+        target_prompt("qa", "", '"When did the first tram run in Lisbon?"') == "When did the first tram run in Lisbon?"
+    )
+    looping = "The first bicycle was made of wood and iron. " * 3
+    assert target_prompt("summarization", "", looping) is None and target_prompt("qa", "", "Why?") is None
+
+
+def test_category_round_answers_the_requests_a_writer_wrote(tmp_path):
+    from types import SimpleNamespace
+
+    from tiny_hf import make_tiny_hf_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leapdecode.heads.category_prompts import CATEGORIES, LONG
+    from leapdecode.heads.data import build_dataset, load_dataset
+
+    path = make_tiny_hf_dir(tmp_path / "model", context=1024)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    writer = SimpleNamespace(model=model, tokenizer=tokenizer)
+    out = tmp_path / "data.jsonl"
+    records = build_dataset(
+        model, tokenizer, out, max_new_tokens=64, rounds=("categories",), writer=writer, per_category=2
+    )
+    # two requests per category, one per passage category (22 in all), wrapped into the target's prompts: a random
+    # writer never writes "Question:", so the RAG request is dropped, and so is a reply cut short by an early EOS;
+    # then follow-ups to a quarter of the answers
+    prompts = [r["chat"][0]["content"] for r in records]
+    for wrapper in ("Translate the following", "Extract every person", "Summarize the following article"):
+        assert sum(p.startswith(wrapper) for p in prompts) == 1, wrapper
+    assert not any(p.startswith("Answer the question using only the information") for p in prompts)
+    follow = [
+        r
+        for r in records
+        if len(r["chat"]) == 4
+        or r["chat"][0]["content"].startswith(
+            ("Rewrite", "Summarize the following text", "Answer the question using only the documents")
+        )
+    ]
+    firsts = len(records) - len(follow)
+    assert 2 * (len(CATEGORIES) - len(LONG)) <= firsts <= 21 and len(follow) == firsts // 4
+    assert load_dataset(out) == [{"prompt_ids": r["prompt_ids"], "answer_ids": r["answer_ids"]} for r in records]
+    assert all(0 < len(r["answer_ids"]) <= 64 for r in records)
+    with pytest.raises(LeapDecodeError, match="'categories' needs a writer model"):
+        build_dataset(model, tokenizer, out, rounds=("categories",))
+
+
+def test_cli_continues_training_a_head_on_given_answers(tmp_path):
+    import json
+
+    from tiny_hf import make_tiny_hf_dir
+    from transformers import AutoModelForCausalLM
+
+    from leapdecode.cli import main
+
+    path = make_tiny_hf_dir(tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    start, _ = tiny_head(model, trained=False)
+    start.vocab_ids = start.vocab_ids[::2].clone()  # a vocabulary the data would not pick
+    start.save(tmp_path / "start")
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in greedy_records(model, 6, seed=1, length=20)))
+    args = ["heads", "train", "--model", str(path), "--data", str(data), "--init", str(tmp_path / "start")]
+    assert main([*args, "--epochs", "1", "--out", str(tmp_path / "out")]) == 0
+    head = load_head(tmp_path / "out")
+    assert torch.equal(head.vocab_ids, start.vocab_ids) and head.meta["summary"]["answers"] == 6

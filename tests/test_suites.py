@@ -142,7 +142,7 @@ def _training_pool() -> list[str]:
     """Everything the draft-head data builders can draw from without running a model: their prompt lists, the
     prompts of each round, the follow-up instructions, the suite texts data.py imports, the HumanEval prompts."""
     from leapdecode.bench import suite_texts
-    from leapdecode.heads import prompts
+    from leapdecode.heads import category_prompts, prompts
     from leapdecode.heads.data import unused_code_prompts
 
     try:
@@ -158,7 +158,9 @@ def _training_pool() -> list[str]:
         + prompts.subject_round(rng, [])
         + prompts.follow_ups(rng, fake, 8)
     )
-    return _module_texts(prompts) + _module_texts(suite_texts) + code + [m["content"] for chat in chats for m in chat]
+    chats += [chat for _, _, chat in category_prompts.writer_requests(rng, 2)]
+    pool = _module_texts(prompts) + _module_texts(category_prompts) + _module_texts(suite_texts) + code
+    return pool + [m["content"] for chat in chats for m in chat]
 
 
 def test_leak_detector_can_fail():

@@ -21,7 +21,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..models import load_model
-    from .data import build_dataset, load_dataset
+    from .data import ROUNDS, build_dataset, load_dataset
+    from .model import load_head
     from .train import features, train_head
 
     require(args.threads > 0, f"--threads must be positive, got {args.threads}")
@@ -39,6 +40,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.vocab > 0 and cfg.depth > 0 and cfg.epochs > 0 and cfg.batch_size > 0 and cfg.lr > 0,
         "--vocab, --depth, --epochs, --batch-size and --lr must be positive",
     )
+    rounds = tuple(r.strip() for r in args.rounds.split(","))
+    require(set(rounds) <= set(ROUNDS), f"--rounds takes {' and '.join(ROUNDS)}, got {args.rounds}")
+    require(("categories" in rounds) == bool(args.writer), "--writer goes with --rounds categories, and it needs one")
+    require(args.per_category > 0, f"--per-category must be positive, got {args.per_category}")
+    init = load_head(args.init) if args.init else None
     target = load_model(args.model)
     out = pathlib.Path(args.out)
     data_path = pathlib.Path(args.data) if args.data else out / "data.jsonl"
@@ -55,13 +61,16 @@ def cmd_train(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 limit=args.limit,
                 progress=bar.update,
+                rounds=rounds,
+                writer=load_model(args.writer) if args.writer else None,
+                per_category=args.per_category,
             )
     data_seconds = time.time() - start
     require(len(records) >= 2, f"{data_path} holds {len(records)} answers: a head needs at least two")
     with tqdm(total=len(records), desc="features", unit="answer") as bar:
         feats = features(target.model, records, progress=bar.update)
     head, summary = train_head(
-        target.model, records, cfg, target.name, target.eos_token_ids, log=tqdm.write, feats=feats
+        target.model, records, cfg, target.name, target.eos_token_ids, log=tqdm.write, feats=feats, init=init
     )
     summary.update(
         answers=len(records),
@@ -86,6 +95,15 @@ def register(sub) -> None:
     t.add_argument("--out", required=True, help="directory for head.safetensors, head.json (and data.jsonl)")
     t.add_argument("--data", help="answers from an earlier run (JSONL); generated into OUT/data.jsonl if missing")
     t.add_argument("--limit", type=int, help="use only this many first-round prompts (a quick run)")
+    t.add_argument(
+        "--rounds",
+        default="self",
+        help="data rounds, comma-separated: self (questions the target writes itself and templates), categories "
+        "(requests in the 13 Spec-Bench categories written by --writer)",
+    )
+    t.add_argument("--writer", help="a stronger model that writes the categories round's requests")
+    t.add_argument("--per-category", type=int, default=40, help="requests per category in the categories round")
+    t.add_argument("--init", help="continue training from this head (a directory or a shipped head's target name)")
     t.add_argument("--max-new-tokens", type=int, default=128)
     t.add_argument("--vocab", type=int, default=HEAD_DEFAULTS.vocab)
     t.add_argument("--intermediate", type=int, default=HEAD_DEFAULTS.intermediate)

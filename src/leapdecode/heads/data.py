@@ -16,7 +16,10 @@ import torch
 from ..api import encode_prompt
 from ..errors import LeapDecodeError
 from ..kernels import install_packed_linear, packed_kernels
+from .category_prompts import LONG, target_prompt, writer_requests
 from .prompts import first_round, follow_ups, open_question_requests, question_requests, subject_round, written_question
+
+ROUNDS = ("self", "categories")
 
 
 def unused_code_prompts() -> list[str]:
@@ -96,21 +99,34 @@ def build_dataset(
     limit: int | None = None,
     batch_size: int = 32,
     progress=None,
+    rounds: tuple[str, ...] = ("self",),
+    writer=None,
+    per_category: int = 40,
 ) -> list[dict]:
-    """First-round answers, follow-ups built from them, answers over the subjects, then the open round; written to
-    `out` (JSONL) and returned. Generation runs on the Runner's packed kernels (batches of 32: ~120 tokens/s on
-    SmolLM2-135M, 2 threads)."""
+    """The answers of the chosen rounds, written to `out` (JSONL) and returned. "self": first-round answers,
+    follow-ups built from them, answers over the subjects, then the open round (questions the target writes itself);
+    "categories": the 13-category round whose requests `writer` writes (see category_answers). Generation runs on the
+    Runner's packed kernels (batches of 32: ~120 tokens/s on SmolLM2-135M, 2 threads)."""
+    unknown = set(rounds) - set(ROUNDS)
+    if unknown or not rounds or ("categories" in rounds and writer is None):
+        raise LeapDecodeError(f"data rounds are {', '.join(ROUNDS)} ('categories' needs a writer model), got {rounds}")
     rng = random.Random(seed)
-    chats = first_round(rng, unused_code_prompts())[:limit]
+    chats = first_round(rng, unused_code_prompts())[:limit] if "self" in rounds else []
     install_packed_linear(model)
+    records = []
     with packed_kernels(True):
-        records = answer(model, tokenizer, chats, max_new_tokens, batch_size, progress=progress)
-        second = follow_ups(rng, [r["chat"] for r in records], follow_up_count if limit is None else limit // 4)
-        records += answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
-        records += subject_answers(
-            model, tokenizer, random.Random(seed + 1), max_new_tokens, batch_size, limit, progress
-        )
-        records += open_answers(model, tokenizer, seed + 2, max_new_tokens, batch_size, limit, progress)
+        if "self" in rounds:
+            records += answer(model, tokenizer, chats, max_new_tokens, batch_size, progress=progress)
+            second = follow_ups(rng, [r["chat"] for r in records], follow_up_count if limit is None else limit // 4)
+            records += answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
+            records += subject_answers(
+                model, tokenizer, random.Random(seed + 1), max_new_tokens, batch_size, limit, progress
+            )
+            records += open_answers(model, tokenizer, seed + 2, max_new_tokens, batch_size, limit, progress)
+        if "categories" in rounds:
+            records += category_answers(
+                model, tokenizer, writer, per_category, seed, max_new_tokens, batch_size, progress
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
         for r in records:
@@ -161,6 +177,46 @@ def open_answers(
         progress=progress,
     )
     second = follow_ups(random.Random(seed), [r["chat"] for r in records], len(records) // 3)
+    return records + answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
+
+
+def category_answers(
+    model,
+    tokenizer,
+    writer,
+    per_category: int,
+    seed: int,
+    max_new_tokens: int,
+    batch_size: int = 32,
+    progress=None,
+) -> list[dict]:
+    """The 13-category round: `writer` (a stronger LoadedModel, e.g. Qwen2.5-Coder-1.5B) samples `per_category`
+    requests per category (see category_prompts), the target answers the usable ones greedily, then follow-up chats
+    to a quarter of them. Passages (articles, reports, source text) get a longer budget than one-line requests."""
+    requests = writer_requests(random.Random(seed), per_category)
+    install_packed_linear(writer.model)
+    prompts = []
+    with packed_kernels(True):
+        for long in (False, True):
+            part = [r for r in requests if (r[0] in LONG) == long]
+            torch.manual_seed(seed)
+            replies = answer(
+                writer.model,
+                writer.tokenizer,
+                [chat for _, _, chat in part],
+                256 if long else 96,
+                batch_size,
+                max_prompt_tokens=10_000,
+                temperature=0.7,
+                top_p=0.95,
+                top_k=0,
+                repetition_penalty=1.1,
+            )
+            kind = {chat[0]["content"]: (category, language) for category, language, chat in part}
+            prompts += [target_prompt(*kind[r["chat"][0]["content"]], r["chat"][-1]["content"]) for r in replies]
+    chats = [[{"role": "user", "content": p}] for p in prompts if p]
+    records = answer(model, tokenizer, chats, max_new_tokens, batch_size, progress=progress)
+    second = follow_ups(random.Random(seed), [r["chat"] for r in records], len(records) // 4)
     return records + answer(model, tokenizer, second, max_new_tokens, batch_size, progress=progress)
 
 

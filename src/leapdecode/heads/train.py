@@ -103,14 +103,16 @@ def train_head(
     eos_ids=(),
     log=print,
     feats: list[torch.Tensor] | None = None,
+    init: DraftHead | None = None,
 ) -> tuple[DraftHead, dict]:
-    """Train on 1 - val_share of the records; return the head and a summary with held-out acceptance."""
+    """Train on 1 - val_share of the records; return the head and a summary with held-out acceptance. With `init`
+    (a trained head of this target) training continues from its weights and keeps its vocabulary."""
     torch.manual_seed(cfg.seed)
     order = list(range(len(records)))
     random.Random(cfg.seed).shuffle(order)
     n_val = max(1, int(len(records) * cfg.val_share))
     feats = feats if feats is not None else features(model, records)
-    vocab_ids = frequent_tokens(records, cfg.vocab, tuple(eos_ids))
+    vocab_ids = init.vocab_ids if init is not None else frequent_tokens(records, cfg.vocab, tuple(eos_ids))
     token_index = torch.full((model.get_output_embeddings().weight.shape[0],), IGNORE, dtype=torch.long)
     token_index[vocab_ids] = torch.arange(len(vocab_ids))
     split = {
@@ -122,11 +124,14 @@ def train_head(
     }
     config = HeadConfig(
         hidden_size=feats[0].shape[1],
-        intermediate_size=cfg.intermediate,
+        intermediate_size=init.config.intermediate_size if init is not None else cfg.intermediate,
         target_vocab_size=len(token_index),
         target=target_name,
     )
-    head = DraftHead(config, vocab_ids).attach(model)
+    head = DraftHead(config, vocab_ids)
+    if init is not None:
+        head.load_state_dict(init.state_dict())  # copied into the new head's fp32 parameters
+    head.attach(model)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     train = data["train"]
     steps = cfg.epochs * math.ceil(len(train.starts) / cfg.batch_size)
