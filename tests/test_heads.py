@@ -270,3 +270,4 @@ def test_cli_continues_training_a_head_on_given_answers(tmp_path):
     assert main([*args, "--epochs", "1", "--out", str(tmp_path / "out")]) == 0
     head = load_head(tmp_path / "out")
     assert torch.equal(head.vocab_ids, start.vocab_ids) and head.meta["summary"]["answers"] == 6
+    assert head.meta["summary"]["vocab"] == len(start.vocab_ids)  # what the head has, not the --vocab setting

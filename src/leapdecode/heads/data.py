@@ -206,7 +206,6 @@ def category_answers(
                 [chat for _, _, chat in part],
                 256 if long else 96,
                 batch_size,
-                max_prompt_tokens=10_000,
                 temperature=0.7,
                 top_p=0.95,
                 top_k=0,

@@ -160,9 +160,10 @@ def train_head(
         "train_seconds": round(time.time() - start, 1),
         "train_windows": len(train.starts),
         "val_records": n_val,
-        "vocab": len(vocab_ids),
         "val": evaluate(head, data["val"]),
         **vars(cfg),
+        "vocab": len(vocab_ids),  # the head's, not the setting (an init head brings its own, as do small datasets)
+        "intermediate": config.intermediate_size,
     }
     return head.eval(), summary
 
