@@ -97,9 +97,11 @@ def test_plan_takes_the_fastest_path_at_the_nearest_bucket_and_prefers_f_linear_
 
 def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, monkeypatch):
     model = tiny_model("llama", seed=12, vocab=97)
-    Runner(model)
+    runner = Runner(model)
     table = kernels.kernel_table(model)
-    shapes = {(m.out_features, m.in_features) for m in model.modules() if type(m) is torch.nn.Linear}
+    linears = [m for part in (model, runner.decoder) for m in part.modules() if type(m) is torch.nn.Linear]
+    shapes = {(m.out_features, m.in_features) for m in linears}
+    assert len(shapes) == 6  # the model's five and the fused decoder's gate/up (its q/k/v shape is the gate's)
     assert {tuple(map(int, row["shape"].split("x"))) for row in table} == shapes
     for row in table:
         assert row["cached"] and row["linear"][0][0] == 1 and row["linear"][-1][1] == kernels.BUCKETS[-1]

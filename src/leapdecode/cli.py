@@ -51,7 +51,9 @@ def add_generate(sub) -> None:
     p.add_argument("--kv-press", help="compress the prompt's KV cache: " + _press_names())
     p.add_argument("--kv-budget", type=float, default=1.0, help="fraction of the prompt's KV entries to keep (0, 1]")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
-    p.add_argument("--hf-kernels", action="store_true", help="HF's F.linear instead of pre-packed weights (slower)")
+    p.add_argument(
+        "--hf-kernels", action="store_true", help="HF's forward and F.linear instead of leapdecode's kernels (slower)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.set_defaults(func=run_generate)
 

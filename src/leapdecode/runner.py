@@ -7,10 +7,11 @@ import contextlib
 import torch
 from transformers import DynamicCache
 
-from .attention import leapdecode_attention
+from .attention import causal_mask, grouped_sdpa, leapdecode_attention
 from .compat import cache_arg
 from .errors import LeapDecodeError
 from .kernels import argmax_logits, install_argmax_head, install_packed_linear, packed_kernels
+from .kernels.fused_decoder import FusedDecoder, fused_decoder
 from .kv_buffer import buffered_cache
 
 
@@ -20,7 +21,9 @@ class Runner:
     `position` counts the tokens the model has seen (the next token's position id). It equals the KV cache length
     unless a KV press dropped entries, which is why position ids are always passed explicitly.
     A `press` (see leapdecode.kv) may compress the cache during prefill; decoding and rollback work the same after it.
-    `packed_weights` runs the linear layers on pre-packed weights (see install_packed_linear); False keeps HF's.
+    `packed_weights` runs the model through leapdecode's kernels: the fused decoder forward where the model is
+    supported (kernels.fused_decoder) and the calibrated linear paths (install_packed_linear); False keeps HF's
+    forward and `F.linear`.
     With `argmax_only` (greedy decoding reads nothing else), returned logits are faithful only in their argmax: the
     output head may then run in bf16 under a proven error bound (kernels.ArgmaxOutputHead).
     With `keep_hidden`, `hidden` holds the final-norm hidden states of the rows of the last returned logits (what a
@@ -31,7 +34,7 @@ class Runner:
         self.model = model
         self.press = press
         self.packed_weights = packed_weights
-        prepare_model(model, packed_weights)
+        self.decoder = prepare_model(model, packed_weights)
         self.argmax_only = False
         self.cache: DynamicCache | None = None
         self.position = 0
@@ -80,6 +83,8 @@ class Runner:
     def _forward(self, token_ids: list[int], logits_to_keep: int) -> torch.Tensor:
         n = len(token_ids)
         past = self.cache_length
+        if self.decoder is not None:
+            return self._fused_forward(token_ids, past, logits_to_keep)
         with self._kernels(), final_norm_output(self.model, self.keep_hidden) as captured:
             out = self.model(
                 input_ids=self._ids(token_ids),
@@ -94,12 +99,30 @@ class Runner:
             self.hidden = captured[-1][0, -out.logits.shape[1] :] if captured else None
         return out.logits[0]
 
+    def _fused_forward(self, token_ids: list[int], past: int, logits_to_keep: int) -> torch.Tensor:
+        n = len(token_ids)
+        mask = causal_mask(n, past + n, self.device)[None, None] if n > 1 else None
 
-def prepare_model(model: torch.nn.Module, packed_weights: bool) -> None:
-    """Give the model's layers the kernels leapdecode's forwards may switch on (once per model)."""
-    if packed_weights:
-        install_packed_linear(model)
-        install_argmax_head(model)
+        def attend(layer, query, key, value, scaling):
+            keys, values = self.cache.update(key, value, layer)
+            return grouped_sdpa(query, keys, values, mask, scaling)
+
+        positions = torch.arange(self.position, self.position + n, device=self.device)
+        with self._kernels():
+            logits, hidden = self.decoder(self._ids(token_ids)[0], positions, attend, slice(-logits_to_keep, None))
+        self.position += n
+        self.hidden = hidden if self.keep_hidden else None
+        return logits
+
+
+def prepare_model(model: torch.nn.Module, packed_weights: bool) -> FusedDecoder | None:
+    """Give the model's layers the kernels leapdecode's forwards may switch on (once per model); returns the fused
+    decoder forward to run the model with, or None for the model's own forward."""
+    if not packed_weights:
+        return None
+    install_packed_linear(model)
+    install_argmax_head(model)
+    return fused_decoder(model)
 
 
 @contextlib.contextmanager

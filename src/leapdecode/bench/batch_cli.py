@@ -172,7 +172,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-batch-tokens", type=int, default=256)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--draft-dtype", default="int8")
-    p.add_argument("--hf-kernels", action="store_true", help="the engine uses HF's F.linear too")
+    p.add_argument("--hf-kernels", action="store_true", help="the engine uses HF's forward and F.linear too")
     p.add_argument("--threads", type=int)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(

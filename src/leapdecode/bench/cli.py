@@ -162,7 +162,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--hf-kernels",
         action="store_true",
-        help="leapdecode methods use HF's F.linear too (default: kernels calibrated per host, see README)",
+        help="leapdecode methods use HF's forward and F.linear too (default: fused decoder, kernels calibrated per host)",
     )
     p.add_argument("--threads", type=int, help="torch threads for all methods (default: torch's choice)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of every method")

@@ -16,7 +16,8 @@ SIZES = (1, 2, 3, 5, 9, 17)
 
 @torch.inference_mode()
 def forward_costs(model: torch.nn.Module, context_ids: list[int], sizes=SIZES, repeats: int = 5) -> dict:
-    """{"hf"|"packed": {"ms": {n: median ms}, "relative": {n: ms / ms of one token}}} over `context_ids`."""
+    """{"hf"|"packed": {"ms": {n: median ms}, "relative": {n: ms / ms of one token}, "fused": bool}} over
+    `context_ids` ("fused": whether the forward ran through kernels.fused_decoder)."""
     feed = (context_ids * (max(sizes) // max(1, len(context_ids)) + 1))[: max(sizes)]
     out = {}
     for kernels, packed in (("hf", False), ("packed", True)):
@@ -31,7 +32,8 @@ def forward_costs(model: torch.nn.Module, context_ids: list[int], sizes=SIZES, r
                 times.append(time.perf_counter() - start)
                 runner.rollback(n)
             ms[n] = round(1000 * statistics.median(times[1:]), 2)
-        out[kernels] = {"ms": ms, "relative": {n: round(ms[n] / ms[sizes[0]], 2) for n in sizes}}
+        relative = {n: round(ms[n] / ms[sizes[0]], 2) for n in sizes}
+        out[kernels] = {"ms": ms, "relative": relative, "fused": runner.decoder is not None}
     return out
 
 
@@ -48,7 +50,8 @@ def cost_table(costs: dict, context: int) -> list[str]:
     ]
     for kernels, row in costs.items():
         cells = [f"{row['ms'][sizes[0]]:.1f} ms"] + [f"{row['relative'][n]:.2f}×" for n in sizes[1:]]
-        lines.append(
-            f"| {'leapdecode (calibrated)' if kernels == 'packed' else 'F.linear (HF)'} | " + " | ".join(cells) + " |"
-        )
+        name = "F.linear (HF)"
+        if kernels == "packed":
+            name = "leapdecode (calibrated" + (", fused decoder)" if row.get("fused") else ")")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines + [""]

@@ -62,6 +62,12 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
             if cfg.packed_weights
             else "HF's F.linear for all methods (--hf-kernels)"
         ),
+        "decoder forward": (
+            "leapdecode's fused decoder (kernels.fused_decoder) for leapdecode methods where the model is supported, "
+            "HF's forward otherwise and for hf-* methods"
+            if cfg.packed_weights
+            else "HF's forward for all methods (--hf-kernels)"
+        ),
         "command": env["command"],
     }
 

@@ -19,13 +19,12 @@ import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 
 from ..api import GenerationResult, drafter_factory, encode_prompt, resolve_model
-from ..controller import DECAY, DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
+from ..controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
 from ..drafters import Drafter
 from ..errors import LeapDecodeError, require
 from ..runner import final_norm_output, model_kernels, prepare_model
@@ -34,38 +33,10 @@ from ..sequence import SequenceState
 from ..stats import GenerationStats
 from .kv_slots import FlatBatch, Segment, SequenceKV
 from .prefix_cache import PrefixCache
+from .request import FINISH_REASONS, REQUEST_OPTIONS, Acceptance, Request, RequestOutput, stop_strings
 from .text import TextStream
 
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "cancelled"}
 MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode
-REQUEST_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "raw")
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request. `text` is the new text (never a stop string); the last output of a
-    request has `finished`, its `finish_reason` ("stop", "length" or "cancelled") and its `stats`."""
-
-    request_id: int
-    new_token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    stats: GenerationStats | None = None
-
-
-class _Request:
-    def __init__(self, rid: int, prompt_ids: list[int], params: dict, text: TextStream, on_output):
-        self.id, self.prompt_ids, self.params, self.text, self.on_output = rid, prompt_ids, params, text, on_output
-        self.arrival = time.perf_counter()
-        self.seq: SequenceState | None = None
-        self.kv: SequenceKV | None = None
-        self.outputs: deque[RequestOutput] = deque()
-
-    @property
-    def decoding(self) -> bool:
-        return self.seq.stats.forward_passes > 0
 
 
 class Engine:
@@ -118,19 +89,19 @@ class Engine:
         self.max_batch_tokens, self.max_sequences = max_batch_tokens, max_sequences
         self.max_decode_slowdown = max_decode_slowdown
         self.packed_weights = packed_weights
-        prepare_model(self.model, packed_weights)
+        self.decoder = prepare_model(self.model, packed_weights)
         self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
-        self.acceptance = _Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
+        self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._ids = itertools.count()
         self._lock = threading.Lock()  # guards _incoming and _cancels (touched by other threads)
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
         self._step_lock = threading.Lock()  # held by a step; cancel() frees at once when no step runs
-        self._incoming: deque[_Request] = deque()
+        self._incoming: deque[Request] = deque()
         self._cancels: set[int] = set()
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
-        self._requests: dict[int, _Request] = {}
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._requests: dict[int, Request] = {}
         self.counters = dict.fromkeys(
             (
                 "steps",
@@ -186,7 +157,7 @@ class Engine:
         )
         require(seed is None or type(seed) is int, f"seed must be an integer, got {seed!r}")
         sampling = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=float(top_p), seed=seed)
-        stops = _stop_strings(stop)
+        stops = stop_strings(stop)
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, raw)
         require(
@@ -196,7 +167,7 @@ class Engine:
         params = dict(sampling=sampling, max_new_tokens=max_new_tokens)
         with self._lock:
             text = TextStream(self.tokenizer, stops, self._tokenizer_lock)
-            request = _Request(next(self._ids), prompt_ids, params, text, on_output)
+            request = Request(next(self._ids), prompt_ids, params, text, on_output)
             self._requests[request.id] = request
             self._incoming.append(request)
         return request.id
@@ -314,7 +285,7 @@ class Engine:
             self.counters["prompt_tokens"] += len(request.prompt_ids)
             self._running.append(request)
 
-    def _plan(self) -> tuple[list[int], list[Segment], list[tuple[_Request, int]]]:
+    def _plan(self) -> tuple[list[int], list[Segment], list[tuple[Request, int]]]:
         """This step's rows: decodes (last token + draft) first, then prompt chunks in the rows left. Returns the
         rows' token ids, the segments, and for each request that gets logits (request, its first kept row)."""
         budget = self.max_batch_tokens
@@ -354,7 +325,7 @@ class Engine:
             low, high = (mid, high) if self.costs(mid) <= limit else (low, mid - 1)
         return min(budget, low)
 
-    def _draft_lengths(self, decoding: list[_Request], row_budget: int) -> list[int]:
+    def _draft_lengths(self, decoding: list[Request], row_budget: int) -> list[int]:
         if not self._controller["adaptive"]:
             return [r.seq.controller.demand(r.seq.room).cap for r in decoding]
         if not self.costs:  # nothing measured yet: a plain step first
@@ -380,18 +351,17 @@ class Engine:
         )
         greedy = all(r.seq.sampling.greedy for r, _ in kept)
         hidden_needed = any(r.seq.drafter.needs_hidden for r, _ in kept)
-        with (
-            torch.inference_mode(),
-            model_kernels(self.model, self.packed_weights, greedy, FlatBatch(segments)),
-            final_norm_output(self.model, hidden_needed) as captured,
-        ):
-            logits = self.model(
-                input_ids=torch.tensor([ids], device=device),
-                use_cache=False,
-                position_ids=torch.tensor([positions], device=device),
-                logits_to_keep=keep,
-            ).logits[0]
-        hidden = captured[-1][0, keep] if captured else None
+        ids_t, positions_t = torch.tensor(ids, device=device), torch.tensor(positions, device=device)
+        batch = FlatBatch(segments)
+        with torch.inference_mode(), model_kernels(self.model, self.packed_weights, greedy, batch):
+            if self.decoder is not None:
+                logits, hidden = self.decoder(ids_t, positions_t, batch.attend, keep)
+            else:
+                with final_norm_output(self.model, hidden_needed) as captured:
+                    logits = self.model(
+                        input_ids=ids_t[None], use_cache=False, position_ids=positions_t[None], logits_to_keep=keep
+                    ).logits[0]
+                hidden = captured[-1][0, keep] if captured else None
         for s in segments:
             s.kv.length = s.past + s.n
         at = 0
@@ -401,7 +371,7 @@ class Engine:
             self._accept(request, logits[at : at + n], None if hidden is None else hidden[at : at + n], outputs)
             at += n
 
-    def _accept(self, request: _Request, logits, hidden, outputs: list[RequestOutput]) -> None:
+    def _accept(self, request: Request, logits, hidden, outputs: list[RequestOutput]) -> None:
         seq = request.seq
         drafted = len(seq.draft.tokens)
         new, rejected = seq.accept(logits, hidden)
@@ -455,46 +425,15 @@ class Engine:
             self._emit(request, RequestOutput(rid, [], "", True, "cancelled", len(request.prompt_ids), stats), outputs)
             self._release(request)
 
-    def _release(self, request: _Request) -> None:
+    def _release(self, request: Request) -> None:
         request.kv = None
         if request in self._running:
             self._running.remove(request)
         self._requests.pop(request.id, None)
 
-    def _emit(self, request: _Request, out: RequestOutput, outputs: list[RequestOutput]) -> None:
+    def _emit(self, request: Request, out: RequestOutput, outputs: list[RequestOutput]) -> None:
         outputs.append(out)
         if request.on_output is not None:
             request.on_output(out)
         else:
             request.outputs.append(out)
-
-
-class _Acceptance:
-    """Decayed counts of accepted draft tokens and rejections over all requests: a new request's controller starts
-    from them (worth PRIOR_STEPS steps) instead of a fixed prior, so it drafts as much as drafts have been paying."""
-
-    PRIOR_STEPS = 4.0
-
-    def __init__(self):
-        self.accepted = self.rejected = self.steps = 0.0
-
-    def update(self, accepted: int, rejected: bool) -> None:
-        self.accepted, self.rejected = self.accepted * DECAY + accepted, self.rejected * DECAY + rejected
-        self.steps = self.steps * DECAY + 1
-
-    def prior(self) -> tuple[float, float]:
-        if self.steps == 0:
-            return 0.0, 0.0
-        scale = min(1.0, self.PRIOR_STEPS / self.steps)
-        return self.accepted * scale, self.rejected * scale
-
-
-def _stop_strings(stop) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    require(
-        isinstance(stops, (list, tuple)) and all(isinstance(s, str) and s for s in stops),
-        "stop must be a non-empty string or a list of non-empty strings",
-    )
-    return list(stops)

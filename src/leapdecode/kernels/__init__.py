@@ -4,6 +4,8 @@
   (`F.linear`, a weight pre-packed once into oneDNN's blocked layout, with or without padding to four rows), active
   only under `packed_kernels(...)`: HF `generate` and the bench's baselines keep `F.linear`.
 - `install_argmax_head` lets a greedy decode's output head run as an ArgmaxOutputHead (bf16, exact argmax).
+- `fused_decoder` runs Llama/Qwen2 models in one flat loop over their own modules, q/k/v and gate/up fused
+  (`configure(decoder="hf")` keeps the model's own forward).
 - `calibrate` measures the paths per layer shape, dtype and row count on this host (cached on disk) and `kernel_table`
   / `describe_kernels` show what was chosen; `configure(linear=..., argmax_head=...)` forces a choice instead.
 - `ops` checks the private `torch.ops.mkldnn` ops once: where they are missing or fail, `F.linear` is used with a

@@ -29,7 +29,17 @@ import torch
 
 from ..report_kit import other_load, oversubscribed
 from .ops import PAD_ROWS
-from .packed import ARGMAX_PATHS, LINEAR_PATHS, _settings, apply, available, drop_derived, installed, prepare
+from .packed import (
+    ARGMAX_PATHS,
+    LINEAR_PATHS,
+    _settings,
+    apply,
+    available,
+    drop_derived,
+    forget_routes,
+    installed,
+    prepare,
+)
 
 VERSION = 2  # bump when what is measured changes: older cache entries are then ignored
 # 1 + draft length for single requests (up to 17), and the flat batches of a batched engine
@@ -130,15 +140,19 @@ def assign_plans(modules: list[torch.nn.Linear]) -> None:
             if getattr(m, "_leapdecode_plan", None) is not plans[key]:
                 m._leapdecode_plan = plans[key]
                 drop_derived(m, plans[key].paths())
+                forget_routes()
     if fresh:
         _save()
 
 
 def kernel_table(model: torch.nn.Module) -> list[dict]:
-    """What each of the model's linear layer shapes runs on: one dict per shape and dtype, with the layer count, the
-    chosen path per row range (`linear`; `argmax` for the output head in greedy decoding) and the measured ms."""
+    """What each of the model's linear layer shapes (its fused decoder's included) runs on: one dict per shape and
+    dtype, with the layer count, the chosen path per row range (`linear`; `argmax` for the output head in greedy decoding) and the measured ms."""
+    from .fused_decoder import existing_decoder  # its fused projections run in place of the model's own
+
+    decoder = existing_decoder(model)
     groups: dict[tuple, list] = defaultdict(list)
-    for m in installed(model):
+    for m in installed(model) + (installed(decoder) if decoder is not None else []):
         groups[
             (
                 m.out_features,

@@ -23,11 +23,14 @@ LINEAR_PATHS = ("hf", "packed", "packed-pad")
 ARGMAX_PATHS = ("argmax-bf16-packed", "argmax-bf16-linear")
 MODES = ("auto",) + LINEAR_PATHS
 ARGMAX_MODES = ("auto", "on", "off")
+DECODERS = ("fused", "hf")
 
 # linear: "auto" (calibrated per host) or a path forced everywhere; argmax_head: "auto" (where calibration found it
-# faster), "on" (always, where greedy asks for it) or "off"; cache_dir: None for the user cache dir
-_settings: dict = {"linear": "auto", "argmax_head": "auto", "cache_dir": None}
+# faster), "on" (always, where greedy asks for it) or "off"; decoder: "fused" (kernels.fused_decoder where the model
+# is supported) or "hf" (the model's own forward); cache_dir: None for the user cache dir
+_settings: dict = {"linear": "auto", "argmax_head": "auto", "decoder": "fused", "cache_dir": None}
 _mode = contextvars.ContextVar("leapdecode_packed_linear", default=False)
+_epoch = [0]  # bumped by forget_routes
 _argmax_only = contextvars.ContextVar("leapdecode_argmax_only", default=False)
 # module -> {kind: ((weight pointer, version), derived weight)}; outside the module so that copies of a model don't
 # carry it, and rebuilt when the weight is replaced or changed in place
@@ -44,15 +47,26 @@ def settings() -> dict:
     return dict(_settings)
 
 
-def configure(linear: str | None = None, argmax_head: str | None = None, cache_dir=None) -> dict:
+def configure(
+    linear: str | None = None, argmax_head: str | None = None, decoder: str | None = None, cache_dir=None
+) -> dict:
     """Set the process's kernel choice (None leaves a setting as is); returns the previous settings.
-    linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"."""
-    if linear is not None and linear not in MODES:
-        raise ValueError(f"linear kernels must be one of {', '.join(MODES)}, got {linear!r}")
-    if argmax_head is not None and argmax_head not in ARGMAX_MODES:
-        raise ValueError(f"argmax_head must be one of {', '.join(ARGMAX_MODES)}, got {argmax_head!r}")
+    linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"; decoder: "fused" | "hf"."""
+    for name, value, allowed in (
+        ("linear kernels", linear, MODES),
+        ("argmax_head", argmax_head, ARGMAX_MODES),
+        ("decoder", decoder, DECODERS),
+    ):
+        if value is not None and value not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     previous = settings()
-    for key, value in (("linear", linear), ("argmax_head", argmax_head), ("cache_dir", cache_dir)):
+    forget_routes()
+    for key, value in (
+        ("linear", linear),
+        ("argmax_head", argmax_head),
+        ("decoder", decoder),
+        ("cache_dir", cache_dir),
+    ):
         if value is not None:
             _settings[key] = value
     return previous
@@ -66,6 +80,7 @@ def configured(**kwargs):
         yield
     finally:
         _settings.update(previous)
+        forget_routes()
 
 
 def install_packed_linear(model: torch.nn.Module) -> None:
@@ -174,9 +189,14 @@ def _eligible(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
 
 
+def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
+    """What tells a weight replaced or changed in place (inference tensors have no version counter)."""
+    return weight.data_ptr(), (0 if weight.is_inference() else weight._version)
+
+
 def _state(module: torch.nn.Linear, path: str):
     kind = _DERIVED_KIND[path]
-    key = (module.weight.data_ptr(), module.weight._version)
+    key = _weight_key(module.weight)
     entries = _derived.setdefault(module, {})
     if kind not in entries or entries[kind][0] != key:
         entries[kind] = (key, prepare(path, module.weight.detach()))
@@ -187,16 +207,40 @@ def _dispatch(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     mode = _mode.get()
     if not mode:
         return self._leapdecode_linear(x)
-    path = chosen_path(self, x.numel() // max(1, x.shape[-1]), mode, _argmax_only.get())
-    if path == "hf" or getattr(self, "_leapdecode_broken", False) or not available(path, self.weight.dtype):
+    path, state = _route(self, x.numel() // max(1, x.shape[-1]), mode, _argmax_only.get())
+    if state is None:
         return self._leapdecode_linear(x)
     try:
-        flat = apply(path, _state(self, path), x.reshape(-1, x.shape[-1]), self.bias)
+        flat = apply(path, state, x if x.dim() == 2 else x.reshape(-1, x.shape[-1]), self._parameters["bias"])
     except Exception as e:  # noqa: BLE001 - a private op failing on this input: F.linear from now on, never a crash
         self._leapdecode_broken = True
+        forget_routes()
         notice(f"the {path} linear kernel failed ({type(e).__name__}); this layer uses F.linear from now on")
         return self._leapdecode_linear(x)
-    return flat.reshape(*x.shape[:-1], flat.shape[-1])
+    return flat if x.dim() == 2 else flat.reshape(*x.shape[:-1], flat.shape[-1])
+
+
+def _route(module: torch.nn.Linear, rows: int, mode, argmax_only: bool) -> tuple[str, object]:
+    """(chosen_path, its prepared state, or None for the layer's own forward), remembered per module and row count
+    until the settings, the module's plan or its weight change: a decode step calls every linear layer, and working
+    the choice out again each time costs more than a small layer's product."""
+    epoch, routes = module.__dict__.get("_leapdecode_routes", (None, None))
+    if epoch != _epoch[0]:
+        routes = {}
+        module.__dict__["_leapdecode_routes"] = (_epoch[0], routes)
+    weight = module._parameters["weight"]
+    key = (mode, argmax_only, rows)
+    route = routes.get(key)
+    if route is None or route[2] != _weight_key(weight):
+        path = chosen_path(module, rows, mode, argmax_only)
+        usable = path != "hf" and not module.__dict__.get("_leapdecode_broken") and available(path, weight.dtype)
+        route = routes[key] = (path, _state(module, path) if usable else None, _weight_key(weight))
+    return route[0], route[1]
+
+
+def forget_routes() -> None:
+    """The settings or a plan changed: every module works its paths out again on its next call."""
+    _epoch[0] += 1
 
 
 @contextlib.contextmanager

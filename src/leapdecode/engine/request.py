@@ -1,0 +1,75 @@
+"""One request inside the Engine: its state, what each step hands back for it, and the options it takes."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from ..controller import DECAY
+from ..errors import require
+from ..sequence import SequenceState
+from ..stats import GenerationStats
+from .kv_slots import SequenceKV
+from .text import TextStream
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "cancelled"}
+REQUEST_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "raw")
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request. `text` is the new text (never a stop string); the last output of a
+    request has `finished`, its `finish_reason` ("stop", "length" or "cancelled") and its `stats`."""
+
+    request_id: int
+    new_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    stats: GenerationStats | None = None
+
+
+class Request:
+    def __init__(self, rid: int, prompt_ids: list[int], params: dict, text: TextStream, on_output):
+        self.id, self.prompt_ids, self.params, self.text, self.on_output = rid, prompt_ids, params, text, on_output
+        self.arrival = time.perf_counter()
+        self.seq: SequenceState | None = None
+        self.kv: SequenceKV | None = None
+        self.outputs: deque[RequestOutput] = deque()
+
+    @property
+    def decoding(self) -> bool:
+        return self.seq.stats.forward_passes > 0
+
+
+class Acceptance:
+    """Decayed counts of accepted draft tokens and rejections over all requests: a new request's controller starts
+    from them (worth PRIOR_STEPS steps) instead of a fixed prior, so it drafts as much as drafts have been paying."""
+
+    PRIOR_STEPS = 4.0
+
+    def __init__(self):
+        self.accepted = self.rejected = self.steps = 0.0
+
+    def update(self, accepted: int, rejected: bool) -> None:
+        self.accepted, self.rejected = self.accepted * DECAY + accepted, self.rejected * DECAY + rejected
+        self.steps = self.steps * DECAY + 1
+
+    def prior(self) -> tuple[float, float]:
+        if self.steps == 0:
+            return 0.0, 0.0
+        scale = min(1.0, self.PRIOR_STEPS / self.steps)
+        return self.accepted * scale, self.rejected * scale
+
+
+def stop_strings(stop) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    require(
+        isinstance(stops, (list, tuple)) and all(isinstance(s, str) and s for s in stops),
+        "stop must be a non-empty string or a list of non-empty strings",
+    )
+    return list(stops)

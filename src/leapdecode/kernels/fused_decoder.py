@@ -1,0 +1,150 @@
+"""A decoder forward for Llama and Qwen2 models that runs the model's own modules in one flat loop.
+
+Why: on a small model a CPU decode step spends a large share of its time outside the matrix products, in the
+framework's per-module plumbing (decorators, keyword routing, mask building, output recording) and in seven separate
+projections per layer. This forward calls the layers' own norms, rotary embedding, activation and output projections
+directly, and reads each layer's q/k/v and gate/up projections as one product each. The fused weights are concatenated
+once and the model's own parameters become views of them (same values, no memory added), so HF's forward on the same
+model is unchanged.
+
+Attention is a callback, `attend(layer, query, key, value, scaling) -> [1, H, n, d]`, so the Runner (its KV cache) and
+the Engine (a flat batch of sequences) share this forward. The operations are HF's, in HF's order; only the fused
+products can round differently from separate ones, as two GEMM shapes may. Models of other architectures, or whose
+modules this does not recognise, keep HF's forward (`fused_decoder` returns None).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from .packed import _eligible, _settings, install_packed_linear
+
+ARCHITECTURES = ("llama", "qwen2")  # same layer structure and rotary helper; no q/k norms, no sliding window here
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+_decoders: "weakref.WeakKeyDictionary[torch.nn.Module, FusedDecoder | None]" = weakref.WeakKeyDictionary()
+
+
+def fused_decoder(model: torch.nn.Module) -> FusedDecoder | None:
+    """The model's FusedDecoder (built once), or None when the model is not supported or the setting is "hf"."""
+    if _settings["decoder"] != "fused":
+        return None
+    decoder = _decoders.get(model)
+    if model not in _decoders or (decoder is not None and not decoder.current()):
+        _decoders[model] = FusedDecoder(model) if supported(model) else None
+    return _decoders[model]
+
+
+def existing_decoder(model: torch.nn.Module) -> FusedDecoder | None:
+    """The model's FusedDecoder if one was built (for reports), without building one."""
+    return _decoders.get(model)
+
+
+def supported(model: torch.nn.Module) -> bool:
+    config, inner = model.config, getattr(model, "model", None)
+    if config.model_type not in ARCHITECTURES or inner is None or model.get_output_embeddings() is None:
+        return False
+    if getattr(config, "use_sliding_window", False) or any(
+        t != "full_attention" for t in (getattr(config, "layer_types", None) or [])
+    ):
+        return False
+    if not all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm")):
+        return False
+    return all(_layer_supported(layer) for layer in inner.layers)
+
+
+def _layer_supported(layer) -> bool:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None or not hasattr(layer, "input_layernorm") or not hasattr(attn, "scaling"):
+        return False
+    projections = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    projections += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    return (
+        hasattr(mlp, "act_fn")
+        and all(type(p) is torch.nn.Linear and _eligible(p.weight) for p in projections)
+        and len({p.weight.dtype for p in projections}) == 1
+        and _bias_alike(projections[:3])
+        and _bias_alike(projections[4:6])
+    )
+
+
+def _bias_alike(linears) -> bool:
+    return len({lin.bias is None for lin in linears}) == 1
+
+
+def _fuse(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """One nn.Linear whose output is the linears' outputs side by side; each linear's weight (and bias) becomes a view
+    of the fused one, so memory is not doubled and the layers' own forwards compute what they did."""
+    fused = torch.nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears), device="meta")
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors even when built under inference mode
+        fused.weight = torch.nn.Parameter(torch.cat([lin.weight for lin in linears]), requires_grad=False)
+        fused.bias = None
+        if linears[0].bias is not None:
+            fused.bias = torch.nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
+        start = 0
+        for lin in linears:
+            end = start + lin.out_features
+            lin.weight.data = fused.weight.data[start:end]
+            if lin.bias is not None:
+                lin.bias.data = fused.bias.data[start:end]
+            start = end
+    return fused
+
+
+class FusedDecoder(torch.nn.Module):
+    """The flat forward over one model. Holds the fused q/k/v and gate/up projections (as plain nn.Linear, so they get
+    calibrated kernels like every other layer); the model itself is not a submodule, and its state dict is untouched."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self._model = [model]  # not registered: this module must not own the model's parameters
+        layers = model.model.layers
+        self.qkv = torch.nn.ModuleList(
+            _fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]) for layer in layers
+        )
+        self.gate_up = torch.nn.ModuleList(_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers)
+        self.splits = [(layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features) for layer in layers]
+        install_packed_linear(self)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model[0]
+
+    def current(self) -> bool:
+        """Whether the model's projections are still views of the fused weights (not replaced since)."""
+        for layer, qkv, gate_up in zip(self.model.model.layers, self.qkv, self.gate_up):
+            attn, mlp = layer.self_attn, layer.mlp
+            for fused, parts in (
+                (qkv, (attn.q_proj, attn.k_proj, attn.v_proj)),
+                (gate_up, (mlp.gate_proj, mlp.up_proj)),
+            ):
+                start = fused.weight.data_ptr()
+                for part in parts:
+                    if part.weight.data_ptr() != start:
+                        return False
+                    start += part.weight.numel() * part.weight.element_size()
+        return True
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attend, keep: slice | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids, position_ids [n] -> (logits of the `keep` rows [m, V], their final-norm hidden states [m, C])."""
+        inner = self.model.model
+        n = input_ids.shape[0]
+        x = inner.embed_tokens(input_ids[None])
+        cos, sin = inner.rotary_emb(x, position_ids[None])
+        for i, layer in enumerate(inner.layers):
+            attn, (q_width, kv_width) = layer.self_attn, self.splits[i]
+            shape = (1, n, -1, attn.head_dim)
+            q, k, v = self.qkv[i](layer.input_layernorm(x)).split([q_width, kv_width, kv_width], dim=-1)
+            q, k = apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
+            out = attend(i, q, k, v.view(shape).transpose(1, 2), attn.scaling)
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+            mlp = layer.mlp
+            gate, up = self.gate_up[i](layer.post_attention_layernorm(x)).chunk(2, dim=-1)  # Llama's are equal
+            x = x + mlp.down_proj(mlp.act_fn(gate) * up)
+        hidden = inner.norm(x)[0, keep]
+        return self.model.get_output_embeddings()(hidden), hidden
