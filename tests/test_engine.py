@@ -122,6 +122,26 @@ def test_batch_really_shares_forwards_and_drafts(target, draft):
     assert m["spec_decode_num_accepted_tokens"] > 0
 
 
+def test_streams_do_not_draft_beside_a_prompt_being_read(target, draft):
+    """A prompt chunk in a step means a request yields nothing until it is read: drafts wait for it, and once it is
+    read the streams draft again."""
+    eng = engine(target, draft, "draft-model", max_batch_tokens=8)
+    plan, steps = eng._plan, []
+
+    def spy():
+        ids, segments, kept = plan()
+        decoding = [r for r in eng._running if r.decoding]
+        steps.append((len(decoding) < len(segments), [s.n for s in segments[: len(decoding)]]))
+        return ids, segments, kept
+
+    eng._plan = spy
+    first, second = [5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 12] * 8
+    outputs = run(eng, [(0, first, 30), (4, second, 10)])
+    assert [t for o in outputs[0] for t in o.new_token_ids] == solo(target, first, 30)
+    assert any(chunk for chunk, _ in steps) and any(max(n, default=1) > 1 for _, n in steps)
+    assert all(n == [1] * len(n) for chunk, n in steps if chunk)
+
+
 def test_seeded_sampling_in_a_batch_draws_plain_sampling_tokens(target, draft):
     prompts = [[9, 10, 11], [12, 13, 14, 15, 16], [17]]
     for drafter in ("none", "prompt-lookup"):

@@ -125,6 +125,16 @@ def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, m
     assert len(measured) == len(shapes) + 1  # every shape, and the head's argmax variants
 
 
+def test_an_instruction_set_cap_is_another_host(monkeypatch):
+    for name in calibrate.ISA_LIMITS:
+        monkeypatch.delenv(name, raising=False)
+    plain = calibrate.host_key()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    capped = calibrate.host_key()
+    monkeypatch.setattr(calibrate, "_capability", lambda: "DEFAULT")
+    assert len({plain, capped, calibrate.host_key()}) == 3
+
+
 def test_timings_from_a_busy_machine_serve_the_process_but_are_not_cached(monkeypatch):
     monkeypatch.setattr(calibrate, "_quiet", lambda: False)
     model = tiny_model("llama", seed=14, vocab=97)

@@ -293,7 +293,9 @@ class Engine:
         if len(decoding) == budget:  # more streams than rows: the ones served now go to the back of the line
             self._running = [r for r in self._running if r not in decoding] + decoding
         prefill_need = sum(len(r.prompt_ids) - r.kv.length for r in self._running if not r.decoding)
-        draft_rows = budget - min(prefill_need, budget // 2)  # drafts never starve the prompts being read
+        # a prompt still being read yields no token until it is read, so it goes before drafts: beside a prompt
+        # chunk a draft only makes the step dearer and the waiting request later, a throughput loss under load
+        draft_rows = len(decoding) if prefill_need else budget
         ids, segments, kept = [], [], []
         for request, k in zip(decoding, self._draft_lengths(decoding, draft_rows)):
             kept.append((request, len(ids)))

@@ -225,10 +225,24 @@ def bf16_pays() -> bool:
     return best["bfloat16"] < (1 - MARGIN) * best["float32"]
 
 
+# environment variables that cap the instruction set torch, oneDNN and MKL use: the same CPU under a lower cap is,
+# for kernel choice, a different host
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def host_key() -> str:
-    """CPU model and flags, torch version and thread count: what decides which kernel is fastest."""
-    raw = f"{VERSION}|{_cpu()}|{torch.__version__}|{torch.get_num_threads()}"
+    """CPU model and flags, the instruction set torch dispatches to and any cap set on it, torch version and thread
+    count: what decides which kernel is fastest."""
+    limits = ",".join(f"{name}={os.environ[name]}" for name in ISA_LIMITS if name in os.environ)
+    raw = f"{VERSION}|{_cpu()}|{_capability()}|{limits}|{torch.__version__}|{torch.get_num_threads()}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _capability() -> str:
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - a torch build without the query
+        return "unknown"
 
 
 @functools.cache
