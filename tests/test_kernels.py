@@ -131,7 +131,7 @@ def test_an_instruction_set_cap_is_another_host(monkeypatch):
     plain = calibrate.host_key()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     capped = calibrate.host_key()
-    monkeypatch.setattr(calibrate, "_capability", lambda: "DEFAULT")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     assert len({plain, capped, calibrate.host_key()}) == 3
 
 

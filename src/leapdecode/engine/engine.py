@@ -292,12 +292,12 @@ class Engine:
         decoding = [r for r in self._running if r.decoding][:budget]
         if len(decoding) == budget:  # more streams than rows: the ones served now go to the back of the line
             self._running = [r for r in self._running if r not in decoding] + decoding
-        prefill_need = sum(len(r.prompt_ids) - r.kv.length for r in self._running if not r.decoding)
         # a prompt still being read yields no token until it is read, so it goes before drafts: beside a prompt
         # chunk a draft only makes the step dearer and the waiting request later, a throughput loss under load
-        draft_rows = len(decoding) if prefill_need else budget
+        reading = any(not r.decoding for r in self._running)
+        draft_lengths = [0] * len(decoding) if reading else self._draft_lengths(decoding, budget)
         ids, segments, kept = [], [], []
-        for request, k in zip(decoding, self._draft_lengths(decoding, draft_rows)):
+        for request, k in zip(decoding, draft_lengths):
             kept.append((request, len(ids)))
             rows = request.seq.propose(k)
             segments.append(Segment(request.kv, len(ids), len(rows), request.kv.length))

@@ -234,15 +234,9 @@ def host_key() -> str:
     """CPU model and flags, the instruction set torch dispatches to and any cap set on it, torch version and thread
     count: what decides which kernel is fastest."""
     limits = ",".join(f"{name}={os.environ[name]}" for name in ISA_LIMITS if name in os.environ)
-    raw = f"{VERSION}|{_cpu()}|{_capability()}|{limits}|{torch.__version__}|{torch.get_num_threads()}"
+    isa = torch.backends.cpu.get_cpu_capability()
+    raw = f"{VERSION}|{_cpu()}|{isa}|{limits}|{torch.__version__}|{torch.get_num_threads()}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
-
-
-def _capability() -> str:
-    try:
-        return torch.backends.cpu.get_cpu_capability()
-    except Exception:  # noqa: BLE001 - a torch build without the query
-        return "unknown"
 
 
 @functools.cache
