@@ -84,7 +84,7 @@ def greedy_records(model: torch.nn.Module, count: int, seed: int, length: int = 
 def tiny_head(model: torch.nn.Module, trained: bool, seed: int = 0):
     """A draft head for a tiny model: trained on its greedy answers (agrees often) or left random (rarely agrees)."""
     from leapdecode.heads.model import DraftHead, HeadConfig
-    from leapdecode.heads.train import HeadTrainConfig, train_head
+    from leapdecode.lab.heads.train import HeadTrainConfig, train_head
 
     if trained:
         cfg = HeadTrainConfig(

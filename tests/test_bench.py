@@ -8,14 +8,14 @@ import json
 import pytest
 from conftest import noisy_copy, tiny_head, tiny_model
 
-from leapdecode.bench import methods as bench_methods
-from leapdecode.bench import runner as bench_runner
-from leapdecode.bench.methods import METHODS, parse_methods
-from leapdecode.bench.run import run_benchmark
-from leapdecode.bench.runner import BenchConfig, plan_variants
-from leapdecode.bench.suites import load_suite
 from leapdecode.cli import main as bench_main
 from leapdecode.errors import LeapDecodeError
+from leapdecode.lab.bench import methods as bench_methods
+from leapdecode.lab.bench import runner as bench_runner
+from leapdecode.lab.bench.methods import METHODS, parse_methods
+from leapdecode.lab.bench.run import run_benchmark
+from leapdecode.lab.bench.runner import BenchConfig, plan_variants
+from leapdecode.lab.bench.suites import load_suite
 from leapdecode.models import LoadedModel
 
 CHAT = (

@@ -49,7 +49,7 @@ def test_bench_batch_writes_a_checked_report(tiny_dir, tmp_path):
 
 
 def test_bench_batch_fails_on_a_planted_mismatch(tiny_dir, tmp_path, monkeypatch):
-    import leapdecode.bench.batch as batch
+    import leapdecode.lab.bench.batch as batch
 
     real = batch.run_engine
 
@@ -58,7 +58,7 @@ def test_bench_batch_fails_on_a_planted_mismatch(tiny_dir, tmp_path, monkeypatch
         record["tokens"][0] = [(record["tokens"][0][0] + 1) % 60] + record["tokens"][0][1:]
         return record
 
-    monkeypatch.setattr("leapdecode.bench.batch_cli.run_engine", corrupted)
+    monkeypatch.setattr("leapdecode.lab.bench.batch_cli.run_engine", corrupted)
     code = main(
         [
             "bench-batch",

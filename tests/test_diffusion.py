@@ -10,7 +10,6 @@ import tempfile
 import pytest
 import torch
 
-from leapdecode.diffusion.bench import aup, pareto_front
 from leapdecode.diffusion.decoders import (
     CreditDecoder,
     EGPDecoder,
@@ -22,11 +21,13 @@ from leapdecode.diffusion.decoders import (
     make_decoder,
 )
 from leapdecode.diffusion.eotp import eotp_would_cut
-from leapdecode.diffusion.filter_train import collect_traces, fit_filter
 from leapdecode.diffusion.interface import DiffusionLM, wrap_shipped
 from leapdecode.diffusion.loop import diffusion_decode
 from leapdecode.diffusion.model import CHECKPOINT_DIR, MaskedDiffusionConfig, MaskedDiffusionLM, load_model
-from leapdecode.diffusion.tasks import (
+from leapdecode.errors import LeapDecodeError
+from leapdecode.lab.diffusion.bench import aup, pareto_front
+from leapdecode.lab.diffusion.filter_train import collect_traces, fit_filter
+from leapdecode.lab.diffusion.tasks import (
     GEN_LEN,
     TASKS,
     CharTokenizer,
@@ -36,7 +37,6 @@ from leapdecode.diffusion.tasks import (
     is_heldout,
     sample,
 )
-from leapdecode.errors import LeapDecodeError
 
 TOK = CharTokenizer()
 
@@ -182,7 +182,7 @@ def test_tasks_split_is_deterministic_and_checkers_accept_alternatives():
     assert all(is_heldout(e.prompt) for e in heldout_set(list(TASKS), 5, 1))
     rng = random.Random(0)
     assert not any(is_heldout(sample(t, rng, heldout=False).prompt) for t in TASKS for _ in range(20))
-    from leapdecode.diffusion.tasks import Example
+    from leapdecode.lab.diffusion.tasks import Example
 
     two = Example("sum", "sum 12 abc", "")
     assert check(two, "abc:3+9") and check(two, "abc:9+3") and not check(two, "abc:3+3") and not check(two, "abd:3+9")
@@ -235,7 +235,7 @@ def test_make_decoder_rejects_bad_settings():
 
 
 def test_train_command_runs_and_saves_a_loadable_model(tmp_path):
-    from leapdecode.diffusion.train import TrainConfig, train
+    from leapdecode.lab.diffusion.train import TrainConfig, train
 
     record = train(
         TrainConfig(out=str(tmp_path), steps=2, batch_size=8, hidden_size=32, layers=1, heads=2, log_every=1),

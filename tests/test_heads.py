@@ -12,7 +12,7 @@ from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter
 from leapdecode.errors import LeapDecodeError
 from leapdecode.heads.model import load_head
-from leapdecode.heads.train import IGNORE, Windows, evaluate, features
+from leapdecode.lab.heads.train import IGNORE, Windows, evaluate, features
 from leapdecode.runner import Runner
 from leapdecode.sampling import SamplingConfig
 
@@ -135,7 +135,7 @@ def test_cli_rejects_nonsense_before_loading_anything(tmp_path, capsys):
 def test_questions_the_target_writes_become_prompts():
     import random
 
-    from leapdecode.heads.prompts import SUBJECTS, question_requests, subject_round, written_question
+    from leapdecode.lab.heads.prompts import SUBJECTS, question_requests, subject_round, written_question
 
     assert (
         written_question('A curious student might ask: "What is the difference between a hawk and an owl?"')
@@ -153,8 +153,8 @@ def test_open_round_samples_questions_reproducibly(tmp_path):
     from tiny_hf import make_tiny_hf_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from leapdecode.heads.data import answer
-    from leapdecode.heads.prompts import AREAS, OPEN_REQUESTS, open_question_requests
+    from leapdecode.lab.heads.data import answer
+    from leapdecode.lab.heads.prompts import AREAS, OPEN_REQUESTS, open_question_requests
 
     requests = open_question_requests(3)
     assert len(requests) == 3 * len(AREAS) * len(OPEN_REQUESTS) and len({r[0]["content"] for r in requests}) == len(
@@ -175,7 +175,7 @@ def test_open_round_samples_questions_reproducibly(tmp_path):
 def test_training_continues_from_a_head(target):
     """With init, training starts from that head's weights and keeps its vocabulary and width (a learning rate of
     almost nothing leaves its agreement as it was)."""
-    from leapdecode.heads.train import HeadTrainConfig, train_head
+    from leapdecode.lab.heads.train import HeadTrainConfig, train_head
 
     trained, _ = tiny_head(target, trained=True)
     cfg = HeadTrainConfig(vocab=5, intermediate=64, epochs=1, batch_size=64, lr=1e-12, val_share=0.2)
@@ -188,8 +188,8 @@ def test_training_continues_from_a_head(target):
 def test_category_requests_become_target_prompts():
     import random
 
-    from leapdecode.bench.make_suites import MT_BENCH_CATEGORIES, SINGLE_TURN_CATEGORIES
-    from leapdecode.heads.category_prompts import CATEGORIES, LONG, target_prompt, writer_requests
+    from leapdecode.lab.bench.make_suites import MT_BENCH_CATEGORIES, SINGLE_TURN_CATEGORIES
+    from leapdecode.lab.heads.category_prompts import CATEGORIES, LONG, target_prompt, writer_requests
 
     assert set(CATEGORIES) == set(MT_BENCH_CATEGORIES + SINGLE_TURN_CATEGORIES)
     requests = writer_requests(random.Random(0), 3)
@@ -218,8 +218,8 @@ def test_category_round_answers_the_requests_a_writer_wrote(tmp_path):
     from tiny_hf import make_tiny_hf_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from leapdecode.heads.category_prompts import CATEGORIES, LONG
-    from leapdecode.heads.data import build_dataset, load_dataset
+    from leapdecode.lab.heads.category_prompts import CATEGORIES, LONG
+    from leapdecode.lab.heads.data import build_dataset, load_dataset
 
     path = make_tiny_hf_dir(tmp_path / "model", context=1024)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -14,7 +14,7 @@ from conftest import tiny_model
 from leapdecode import kernels
 from leapdecode.kernels import calibrate, ops
 from leapdecode.kernels.calibrate import Plan
-from leapdecode.report_kit import other_load
+from leapdecode.lab.report_kit import other_load
 from leapdecode.runner import Runner
 
 
@@ -163,6 +163,19 @@ def test_forced_and_unknown_settings():
     assert isinstance(kernels.bf16_pays(), bool)
 
 
+def _f_linear_reference(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a fallback must compute: the Runner's own forward with every layer on F.linear (the same path, hence the
+    same bits on any host), and HF's forward of the model (another path: fused q/k/v products and another attention
+    round differently where torch dispatches to AVX2 kernels, so only its greedy tokens must agree)."""
+    with kernels.configured(linear="hf"):
+        runner = Runner(model)
+        runner.prefill(ids[:4])
+        reference = runner.forward(ids[4:])
+    with torch.inference_mode():
+        hf_logits = model(torch.tensor([ids])).logits[0, 4:]
+    return reference, hf_logits
+
+
 @pytest.mark.parametrize("failure", ["missing", "failing", "wrong"])
 def test_broken_mkldnn_ops_fall_back_to_f_linear_with_a_one_line_notice(monkeypatch, caplog, failure):
     def broken(flat, packed, bias):
@@ -172,18 +185,20 @@ def test_broken_mkldnn_ops_fall_back_to_f_linear_with_a_one_line_notice(monkeypa
             raise AttributeError("'_OpNamespace' 'mkldnn' object has no attribute '_linear_pointwise'")
         raise RuntimeError("could not create a primitive\nfrom a long multi-line oneDNN message")
 
-    monkeypatch.setattr(ops, "linear_pointwise", broken)
-    ops.forget_checks()
     model = tiny_model("llama", seed=16, vocab=97)
     ids = torch.randint(0, 97, (9,)).tolist()
-    with torch.inference_mode():
-        plain = model(torch.tensor([ids])).logits[0, 4:]
+    reference, hf_logits = _f_linear_reference(model, ids)
+    monkeypatch.setattr(ops, "linear_pointwise", broken)
+    ops.forget_checks()
+    caplog.clear()  # the reference's own notices (no bf16 packing on an AVX2-only host) are not the fallback's
     with caplog.at_level(logging.WARNING, logger="leapdecode"):
         for linear in ("auto", "packed-pad"):
             with kernels.configured(linear=linear):
                 runner = Runner(model)
                 runner.prefill(ids[:4])
-                assert torch.equal(runner.forward(ids[4:]), plain)
+                fallback = runner.forward(ids[4:])
+            assert torch.equal(fallback, reference), linear  # the same path (F.linear): the same bits
+            assert torch.equal(fallback.argmax(-1), hf_logits.argmax(-1)), linear  # another path: the same tokens
     assert not kernels.packed_ops()
     notices = [r for r in caplog.records if "oneDNN" in r.getMessage()]
     assert len(notices) == 1 and "\n" not in notices[0].getMessage() and notices[0].exc_info is None
@@ -193,14 +208,16 @@ def test_a_packed_call_failing_at_run_time_falls_back_for_that_layer(monkeypatch
     assert kernels.packed_ops()  # the check passed; later calls break
     model = tiny_model("llama", seed=17, vocab=97)
     ids = torch.randint(0, 97, (9,)).tolist()
-    with torch.inference_mode():
-        plain = model(torch.tensor([ids])).logits[0, 4:]
+    reference, hf_logits = _f_linear_reference(model, ids)
     with kernels.configured(linear="packed"):
         runner = Runner(model)
         runner.prefill(ids[:4])
         monkeypatch.setattr(ops, "linear_pointwise", lambda *a: (_ for _ in ()).throw(RuntimeError("bad\nshape")))
+        caplog.clear()
         with caplog.at_level(logging.WARNING, logger="leapdecode"):
-            assert torch.equal(runner.forward(ids[4:]), plain)
+            fallback = runner.forward(ids[4:])
+    assert torch.equal(fallback, reference)  # the same path as F.linear from the start: the same bits
+    assert torch.equal(fallback.argmax(-1), hf_logits.argmax(-1))  # HF's own forward: the same greedy tokens
     assert len({r.getMessage() for r in caplog.records}) == 1 and all(r.exc_info is None for r in caplog.records)
 
 

@@ -241,7 +241,7 @@ def test_press_unknown_for_architecture():
 def test_smollm2_needle_with_fastkv():
     """On the real SmolLM2-135M, a 1k-token needle prompt is answered through FastKV at half the KV cache."""
     from leapdecode.api import generate
-    from leapdecode.kv.needle import needle_prompt
+    from leapdecode.lab.kv.needle import needle_prompt
     from leapdecode.models import load_model
 
     loaded = load_model("smollm2-135m")
@@ -254,9 +254,9 @@ def test_smollm2_needle_with_fastkv():
 
 
 def test_bench_summary_report_and_targets(tmp_path):
-    from leapdecode.kv.bench import check_targets, parse_press, summarize
-    from leapdecode.kv.report import write
-    from leapdecode.report_kit import environment as machine
+    from leapdecode.lab.kv.bench import check_targets, parse_press, summarize
+    from leapdecode.lab.kv.report import write
+    from leapdecode.lab.report_kit import environment as machine
 
     assert parse_press("fastkv:tsp_layer=9:tsp_rate=0.1") == (
         "fastkv:tsp_layer=9:tsp_rate=0.1",
@@ -337,7 +337,7 @@ def test_bench_cli_rejects_unknown_press(capsys):
 
 
 def test_needle_prompt_hides_the_fact_at_its_depth():
-    from leapdecode.kv.needle import depths, needle_prompt
+    from leapdecode.lab.kv.needle import depths, needle_prompt
 
     class Words:  # a word-level stand-in for a tokenizer
         def __call__(self, text, add_special_tokens=True):

@@ -49,7 +49,7 @@ def test_buffered_cache_layer_behaves_like_hf_dynamic_layer():
     """Same keys/values as DynamicLayer through growth past its spare room, rollbacks, and a press replacing them."""
     from transformers.cache_utils import DynamicLayer
 
-    from leapdecode.kv_buffer import SPARE, BufferedLayer
+    from leapdecode.kv.buffered import SPARE, BufferedLayer
 
     torch.manual_seed(0)
     buffered, plain = BufferedLayer(), DynamicLayer()

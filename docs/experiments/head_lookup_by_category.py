@@ -13,7 +13,7 @@ import torch
 
 from leapdecode import generate
 from leapdecode.api import attached_head, resolve_model
-from leapdecode.bench.suites import load_suite
+from leapdecode.lab.bench.suites import load_suite
 from leapdecode.drafters import HeadDrafter
 
 SETTINGS = (0, 1, 2, 3)

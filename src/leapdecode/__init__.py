@@ -2,8 +2,8 @@
 
 from .api import GenerationResult, generate
 from .errors import LeapDecodeError
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["generate", "Engine", "GenerationResult", "LeapDecodeError", "load_model", "__version__"]
 
 

@@ -7,15 +7,9 @@ import json
 import os
 import sys
 
+from .argtypes import integer as _int
 from .errors import LeapDecodeError, require
 from .models.registry import DEFAULT_MODEL
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def add_generate(sub) -> None:
@@ -152,11 +146,11 @@ def run_models_pull(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .bench import batch_cli
-    from .bench import cli as bench_cli
-    from .diffusion import cli as dllm_cli
-    from .heads import cli as heads_cli
-    from .kv import cli as kv_cli
+    from .lab.bench import batch_cli
+    from .lab.bench import cli as bench_cli
+    from .lab.diffusion import cli as dllm_cli
+    from .lab.heads import cli as heads_cli
+    from .lab.kv import cli as kv_cli
     from .serve import cli as serve_cli
 
     parser = argparse.ArgumentParser(prog="leapdecode", description=__doc__)
@@ -164,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
     add_models(sub)
-    for module in (bench_cli, batch_cli, kv_cli, dllm_cli, heads_cli, serve_cli):
+    from .lab.bench import serve as bench_serve_cli
+
+    for module in (bench_cli, batch_cli, kv_cli, dllm_cli, heads_cli, serve_cli, bench_serve_cli):
         module.register(sub)
     return parser
 

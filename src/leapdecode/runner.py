@@ -12,7 +12,7 @@ from .compat import cache_arg
 from .errors import LeapDecodeError
 from .kernels import argmax_logits, install_argmax_head, install_packed_linear, packed_kernels
 from .kernels.fused_decoder import FusedDecoder, fused_decoder
-from .kv_buffer import buffered_cache
+from .kv.buffered import buffered_cache
 
 
 class Runner:

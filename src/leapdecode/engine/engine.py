@@ -27,12 +27,12 @@ from ..api import GenerationResult, drafter_factory, encode_prompt, resolve_mode
 from ..controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
 from ..drafters import Drafter
 from ..errors import LeapDecodeError, require
+from ..kv.prefix_cache import PrefixCache
+from ..kv.slots import FlatBatch, Segment, SequenceKV
 from ..runner import final_norm_output, model_kernels, prepare_model
 from ..sampling import SamplingConfig
 from ..sequence import SequenceState
 from ..stats import GenerationStats
-from .kv_slots import FlatBatch, Segment, SequenceKV
-from .prefix_cache import PrefixCache
 from .request import FINISH_REASONS, REQUEST_OPTIONS, Acceptance, Request, RequestOutput, stop_strings
 from .text import TextStream
 

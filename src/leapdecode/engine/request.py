@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from ..controller import DECAY
 from ..errors import require
+from ..kv.slots import SequenceKV
 from ..sequence import SequenceState
 from ..stats import GenerationStats
-from .kv_slots import SequenceKV
 from .text import TextStream
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "cancelled"}

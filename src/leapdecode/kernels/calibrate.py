@@ -27,7 +27,7 @@ from collections import defaultdict
 
 import torch
 
-from ..report_kit import other_load, oversubscribed
+from ..host import other_load, oversubscribed
 from .ops import PAD_ROWS
 from .packed import (
     ARGMAX_PATHS,

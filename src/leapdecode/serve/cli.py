@@ -4,17 +4,15 @@ generator for any OpenAI-compatible URL)."""
 from __future__ import annotations
 
 import os
+import time
 
-from ..cli import _int
+from ..argtypes import integer as _int
 from ..errors import LeapDecodeError, require
 from ..models.registry import DEFAULT_MODEL
 
 
 def register(sub) -> None:
     add_serve(sub)
-    from .bench_serve import add_bench_serve
-
-    add_bench_serve(sub)
 
 
 def add_serve(sub) -> None:
@@ -121,4 +119,45 @@ def run_serve(args) -> int:
         uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level)).run()
     finally:
         state.close()
+    return 0
+
+
+def run_ray(args) -> int:
+    """`leapdecode serve --ray-replicas N`: a local Ray (or the cluster in $RAY_ADDRESS) serving until Ctrl-C."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise LeapDecodeError("--ray-replicas needs Ray Serve: pip install 'leapdecode[ray]'") from None
+    from .ray_app import build_app
+
+    threads = args.threads or 1
+    autoscaling = None
+    if args.ray_max_replicas:
+        autoscaling = {
+            "min_replicas": args.ray_replicas,
+            "max_replicas": args.ray_max_replicas,
+            "target_ongoing_requests": max(1, args.max_sequences // 2),
+        }
+    ray.init(ignore_reinit_error=True)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    app = build_app(
+        args.model,
+        replicas=args.ray_replicas,
+        threads=threads,
+        engine_options=engine_options(args),
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        autoscaling_config=autoscaling,
+        max_body_bytes=args.max_body_bytes,
+    )
+    serve.run(app, route_prefix="/")
+    print(
+        f"leapdecode serve: {args.ray_replicas} Ray Serve replica(s) on http://{args.host}:{args.port}/v1", flush=True
+    )
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
     return 0

@@ -14,8 +14,6 @@ On a multi-node cluster the same code runs after `ray start --head` / `ray start
 node and `ray.init(address="auto")`: Ray places replicas wherever `ray_actor_options` (num_cpus per replica) fit.
 """
 
-import time
-
 from fastapi import FastAPI, Request
 
 from . import app as handlers
@@ -85,46 +83,3 @@ def build_app(
     return LeapDecodeReplica.options(**deployment_options).bind(
         model, dict(engine_options or {}), served_model_name, api_key, threads, max_body_bytes
     )
-
-
-def run_ray(args) -> int:
-    """`leapdecode serve --ray-replicas N`: a local Ray (or the cluster in $RAY_ADDRESS) serving until Ctrl-C."""
-    try:
-        import ray
-        from ray import serve
-    except ImportError:
-        from ..errors import LeapDecodeError
-
-        raise LeapDecodeError("--ray-replicas needs Ray Serve: pip install 'leapdecode[ray]'") from None
-    from .cli import engine_options
-
-    threads = args.threads or 1
-    autoscaling = None
-    if args.ray_max_replicas:
-        autoscaling = {
-            "min_replicas": args.ray_replicas,
-            "max_replicas": args.ray_max_replicas,
-            "target_ongoing_requests": max(1, args.max_sequences // 2),
-        }
-    ray.init(ignore_reinit_error=True)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    app = build_app(
-        args.model,
-        replicas=args.ray_replicas,
-        threads=threads,
-        engine_options=engine_options(args),
-        served_model_name=args.served_model_name,
-        api_key=args.api_key,
-        autoscaling_config=autoscaling,
-        max_body_bytes=args.max_body_bytes,
-    )
-    serve.run(app, route_prefix="/")
-    print(
-        f"leapdecode serve: {args.ray_replicas} Ray Serve replica(s) on http://{args.host}:{args.port}/v1", flush=True
-    )
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
-    return 0

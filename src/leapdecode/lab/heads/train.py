@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..kernels import install_packed_linear, packed_kernels
-from .model import DraftHead, HeadConfig
+from ...heads.model import DraftHead, HeadConfig
+from ...kernels import install_packed_linear, packed_kernels
 
 IGNORE = -100
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import LeapDecodeError, require
-from ..models.registry import DEFAULT_MODEL
+from ...errors import LeapDecodeError, require
+from ...models.registry import DEFAULT_MODEL
 from .methods import METHODS, NEEDS_DRAFT_MODEL, SWEEPABLE, parse_methods
 
 DEFAULTS = {"quick": {"max_new_tokens": 32, "repeats": 1}, "other": {"max_new_tokens": 128, "repeats": 3}}
@@ -52,8 +52,8 @@ def default_methods(has_draft: bool, has_head: bool) -> str:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from ..heads.model import has_shipped_head
-    from ..models import load_model
+    from ...heads.model import has_shipped_head
+    from ...models import load_model
     from .run import run_benchmark
     from .runner import BenchConfig
     from .suites import load_suite
@@ -83,7 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = load_model(args.model, dtype=args.dtype)
     draft = load_model(args.draft_model, dtype=args.draft_dtype) if args.draft_model else None
     if draft is not None:
-        from ..api import same_tokenizer
+        from ...api import same_tokenizer
 
         require(
             same_tokenizer(draft.tokenizer, target.tokenizer),
@@ -100,7 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     s = result.summary
     if cfg.packed_weights:
-        from ..kernels import describe_kernels
+        from ...kernels import describe_kernels
 
         console.print("kernels chosen (layer shape, dtype x layers: path per row count):")
         for line in describe_kernels(target.model):

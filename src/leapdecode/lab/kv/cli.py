@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from ..errors import require
-from ..models.registry import DEFAULT_MODEL
+from ...errors import require
+from ...models.registry import DEFAULT_MODEL
 
 
 def _list(kind):
@@ -25,7 +25,7 @@ def _list(kind):
 
 
 def cmd_bench_kv(args: argparse.Namespace) -> int:
-    from . import KV_PRESSES
+    from ...kv import KV_PRESSES
     from .bench import BenchSettings, parse_press, run_bench
     from .report import write
 

@@ -10,7 +10,7 @@ import pathlib
 import sys
 import time
 
-from ..errors import require
+from ...errors import require
 from .train import HeadTrainConfig
 
 HEAD_DEFAULTS = HeadTrainConfig()
@@ -20,9 +20,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from ..models import load_model
+    from ...heads.model import load_head
+    from ...models import load_model
     from .data import ROUNDS, build_dataset, load_dataset
-    from .model import load_head
     from .train import features, train_head
 
     require(args.threads > 0, f"--threads must be positive, got {args.threads}")

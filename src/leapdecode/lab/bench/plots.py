@@ -9,8 +9,6 @@ from .methods import METHODS
 
 COLORS = {m: f"C{i}" for i, m in enumerate(METHODS)}  # one colour per method in every plot
 
-_pyplot = pyplot  # the name serve/bench_serve.py imports; new code takes `report_kit.pyplot`
-
 
 def plot_speedup(out: pathlib.Path, summary: dict, labels: list[str]) -> str | None:
     """Grouped bars: one group per category (+ overall), one bar per method, speedup over the baseline."""

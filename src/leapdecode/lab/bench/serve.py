@@ -24,10 +24,10 @@ import sys
 import tempfile
 import time
 
-from ..errors import LeapDecodeError, require
+from ...errors import LeapDecodeError, require
 
 
-def add_bench_serve(sub) -> None:
+def register(sub) -> None:
     p = sub.add_parser("bench-serve", help="measure an OpenAI-compatible server under concurrent load")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (without /v1)")
     p.add_argument("--model", help="model name to send (default: the first of the server's /v1/models)")
@@ -70,7 +70,7 @@ def _levels(text: str) -> list[int]:
 
 
 def load_prompts(suite: str) -> list[str]:
-    from ..bench.suites import load_suite
+    from .suites import load_suite
 
     return [q.turns[0] for q in load_suite(suite)]
 
@@ -225,9 +225,9 @@ def markdown(results: list[dict], settings: dict) -> str:
 
 
 def plot(out: pathlib.Path, results: list[dict]) -> list[str]:
-    from ..bench.plots import _pyplot
+    from ..report_kit import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     names = []
     for key, title, fname in (
         ("output_tokens_per_s", "output tokens/s", "throughput.png"),

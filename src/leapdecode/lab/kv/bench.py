@@ -21,11 +21,11 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from ..errors import require
+from ...errors import require
+from ...kv import KV_PRESSES, kv_bytes, make_press
+from ...kv.base import full_prefill
+from ...runner import Runner
 from ..report_kit import environment
-from ..runner import Runner
-from . import KV_PRESSES, kv_bytes, make_press
-from .base import full_prefill
 from .needle import Sample, depths, document_prompt, needle_prompt
 
 
@@ -114,7 +114,7 @@ def _runner_over(model, cache, n: int) -> Runner:
 
 
 def run_bench(settings: BenchSettings, log: Callable[[str], None] = print) -> dict:
-    from ..models import load_model
+    from ...models import load_model
 
     require(
         settings.budgets and all(0 < b <= 1 for b in settings.budgets),

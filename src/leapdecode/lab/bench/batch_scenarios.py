@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from ..engine import Engine
+from ...engine import Engine
 from .batch import percentile
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import require
-from .decoders.fixed_steps import FixedStepsDecoder
-from .decoders.learn2pd import PositionFilter, position_features
-from .interface import DiffusionLM
-from .loop import diffusion_decode
+from ...diffusion.decoders.fixed_steps import FixedStepsDecoder
+from ...diffusion.decoders.learn2pd import PositionFilter, position_features
+from ...diffusion.interface import DiffusionLM
+from ...diffusion.loop import diffusion_decode
+from ...errors import require
 from .tasks import GEN_LEN, CharTokenizer, encode_prompts, resolve_tasks, sample
 
 

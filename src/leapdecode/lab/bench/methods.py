@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..api import generate
-from ..drafters import OracleDrafter
-from ..errors import LeapDecodeError, require
-from ..runner import Runner
+from ...api import generate
+from ...drafters import OracleDrafter
+from ...errors import LeapDecodeError, require
+from ...runner import Runner
 
 HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 LEAP_METHODS = ("none", "prompt-lookup", "ngram", "draft-model", "head", "select", "oracle")

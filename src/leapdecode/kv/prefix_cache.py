@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_slots import SequenceKV
+from .slots import SequenceKV
 
 
 @dataclass

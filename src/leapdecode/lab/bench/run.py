@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..api import attached_head, encode_prompt
-from ..errors import LeapDecodeError
-from ..models.quantize import dtype_name
+from ...api import attached_head, encode_prompt
+from ...errors import LeapDecodeError
+from ...models.quantize import dtype_name
 from ..report_kit import environment, other_load, oversubscribed
 from .forward_cost import forward_costs
 from .methods import BenchContext
@@ -118,7 +118,7 @@ def run_benchmark(
         tlog.set_verbosity(level)
     summary = summarize(run)
     if cfg.packed_weights:
-        from ..kernels import describe_kernels, kernel_table
+        from ...kernels import describe_kernels, kernel_table
 
         setup["kernels chosen"] = "; ".join(describe_kernels(target.model))
         run["kernels"] = kernel_table(target.model)

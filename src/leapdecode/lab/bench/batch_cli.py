@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from ..errors import require
-from ..models.registry import DEFAULT_MODEL
+from ...errors import require
+from ...models.registry import DEFAULT_MODEL
 from ..report_kit import environment, markdown_table, meta_lines
 from .batch import METHODS, check_against, run_engine, run_hf_generate, run_hf_generate_batch, write_outputs
 from .cli import _ints, _names
@@ -17,8 +17,8 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from ..api import encode_prompt
-    from ..models import load_model
+    from ...api import encode_prompt
+    from ...models import load_model
     from .suites import load_suite
 
     methods = _names(args.methods) or [

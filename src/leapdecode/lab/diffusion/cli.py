@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import LeapDecodeError, require
+from ...errors import LeapDecodeError, require
 
 
 def _tasks(value: str | None) -> list[str] | None:
@@ -59,15 +59,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _load_lm(path: str | None):
-    from .interface import wrap_shipped
-    from .model import load_model
+    from ...diffusion.interface import wrap_shipped
+    from ...diffusion.model import load_model
 
     return wrap_shipped(load_model(path))
 
 
 def cmd_train_filter(args: argparse.Namespace) -> int:
+    from ...diffusion.model import CHECKPOINT_DIR
     from .filter_train import train_filter
-    from .model import CHECKPOINT_DIR
 
     _threads(args.threads)
     train_filter(
@@ -82,8 +82,8 @@ def cmd_train_filter(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .decoders import make_decoder
-    from .loop import diffusion_decode
+    from ...diffusion.decoders import make_decoder
+    from ...diffusion.loop import diffusion_decode
     from .tasks import CharTokenizer, encode_prompts
 
     _threads(args.threads)
@@ -116,9 +116,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from ...diffusion.decoders import PositionFilter
+    from ...diffusion.model import CHECKPOINT_DIR
     from .bench import markdown, run_bench
-    from .decoders import PositionFilter
-    from .model import CHECKPOINT_DIR
     from .tasks import resolve_tasks
 
     _threads(args.threads)
@@ -142,7 +142,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from .decoders import DECODERS
+    from ...diffusion.decoders import DECODERS
     from .tasks import GEN_LEN
 
     dllm = subparsers.add_parser("dllm", help="diffusion LM: train the small model, parallel decoders, benchmark")

@@ -15,7 +15,7 @@ import json
 import pathlib
 from dataclasses import dataclass
 
-from ..errors import LeapDecodeError, require
+from ...errors import LeapDecodeError, require
 
 SUITE_DIR = pathlib.Path(__file__).with_name("suites")
 BUILTIN = ("quick", "dev", "heldout", "dev-v1")
