@@ -208,7 +208,13 @@ def test_a_packed_call_failing_at_run_time_falls_back_for_that_layer(monkeypatch
     assert kernels.packed_ops()  # the check passed; later calls break
     model = tiny_model("llama", seed=17, vocab=97)
     ids = torch.randint(0, 97, (9,)).tolist()
-    reference, hf_logits = _f_linear_reference(model, ids)
+    with kernels.configured(linear="packed"):
+        runner = Runner(model)
+        runner.prefill(ids[:4])  # the prompt's keys/values come through the packed path, as below
+        with kernels.configured(linear="hf"):
+            reference = runner.forward(ids[4:])
+    with torch.inference_mode():
+        hf_logits = model(torch.tensor([ids])).logits[0, 4:]
     with kernels.configured(linear="packed"):
         runner = Runner(model)
         runner.prefill(ids[:4])
@@ -216,7 +222,7 @@ def test_a_packed_call_failing_at_run_time_falls_back_for_that_layer(monkeypatch
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="leapdecode"):
             fallback = runner.forward(ids[4:])
-    assert torch.equal(fallback, reference)  # the same path as F.linear from the start: the same bits
+    assert torch.equal(fallback, reference)  # the same paths (packed prefill, then F.linear): the same bits
     assert torch.equal(fallback.argmax(-1), hf_logits.argmax(-1))  # HF's own forward: the same greedy tokens
     assert len({r.getMessage() for r in caplog.records}) == 1 and all(r.exc_info is None for r in caplog.records)
 
