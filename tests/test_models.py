@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import pathlib
-import time
 import zipfile
 
 import pytest
@@ -75,11 +74,22 @@ def tiny_dir(tmp_path_factory):
 # ---------------------------------------------------------------- errors
 
 
-def test_unknown_name_is_one_clear_line_and_instant(tmp_cache):
-    start = time.perf_counter()
+def _no_network(monkeypatch):
+    """Any attempt to open a connection fails the test (what "no network retries" means, without timing it)."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"leapdecode tried to reach the network: {args[:2]}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def test_unknown_name_is_one_clear_line_and_offline(tmp_cache, monkeypatch):
+    _no_network(monkeypatch)
     with pytest.raises(LeapDecodeError) as info:
         load_model("foo")
-    assert time.perf_counter() - start < 10  # no network retries
     msg = str(info.value)
     assert "\n" not in msg and "unknown model 'foo'" in msg
     for name in PACKAGED:
@@ -163,9 +173,12 @@ def test_hub_id_from_local_cache_only(tmp_path, tiny_dir):
     shutil.copytree(tiny_dir[0], repo / "snapshots" / ("0" * 40))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
-    code = (
-        "import time; t = time.perf_counter(); from leapdecode.models import load_model; "
-        "lm = load_model('someorg/tiny'); print(lm.name, lm.path, lm.context_length, time.perf_counter() - t)"
+    code = (  # any attempt to open a connection fails the child (no network, rather than a time limit)
+        "import socket\n"
+        "def refuse(*a, **k): raise SystemExit('tried to reach the network')\n"
+        "socket.socket.connect = socket.create_connection = socket.getaddrinfo = refuse\n"
+        "from leapdecode.models import load_model\n"
+        "lm = load_model('someorg/tiny'); print(lm.name, lm.path, lm.context_length)"
     )
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), LEAPDECODE_CACHE=str(tmp_path / "cache"))
     env.pop("HF_HUB_OFFLINE", None)
@@ -173,9 +186,8 @@ def test_hub_id_from_local_cache_only(tmp_path, tiny_dir):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    name, path, context, seconds = done.stdout.split()
+    name, path, context = done.stdout.split()
     assert name == "someorg/tiny" and path.endswith("0" * 40) and context == "128"
-    assert float(seconds) < 40  # no network retries
 
 
 def test_local_dir_bfloat16(tmp_cache, tiny_dir):
@@ -377,9 +389,14 @@ def test_pull_smollm2_real():
     assert pull_model("smollm2-135m", progress=False) == path  # idempotent
     assert {r["name"]: r for r in list_models()}["smollm2-135m"]["cached"]
 
-    start = time.perf_counter()
-    lm = load_model("smollm2-135m")
-    assert time.perf_counter() - start < 30  # from safetensors, not a GGUF conversion
+    from leapdecode.models import loader
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("a cached model was converted from GGUF again")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loader, "convert_gguf", no_conversion)  # from safetensors, not a GGUF conversion
+        lm = load_model("smollm2-135m")
     assert lm.name == "smollm2-135m" and lm.path == str(path) and lm.context_length == 8192
     tok = lm.tokenizer
     assert tok.chat_template and "<|im_start|>" in tok.chat_template

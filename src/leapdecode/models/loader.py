@@ -203,6 +203,8 @@ def pull_model(name: str, progress: bool = True) -> pathlib.Path:
         with phases.phase("convert", "GGUF → fp32 safetensors"):
             try:
                 converted = convert_gguf(gguf_path, work / "model")
+            except LeapDecodeError:
+                raise
             except (Exception, MemoryError) as e:
                 raise LeapDecodeError(f"cannot convert model '{name}' from GGUF: {_first_line(e)}") from None
             gguf_path.unlink()
@@ -232,12 +234,14 @@ def _from_pretrained(source: str, dtype: torch.dtype, **kw):
 
     with _quiet():
         tokenizer = AutoTokenizer.from_pretrained(source, **kw)
-        if "gguf_file" in kw:  # GGUF tensors are renamed by transformers' converter; checked once saved
-            return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw), tokenizer
         model, info = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **kw
         )
-    check_loading_info(info, _weights_name(source))
+    if "gguf_file" in kw:  # the config comes from the file's own metadata; tensors it has beyond it are not checked
+        info = {key: value for key, value in info.items() if key != "unexpected_keys"}
+        check_loading_info(info, str(pathlib.Path(source) / kw["gguf_file"]), "its own metadata")
+    else:
+        check_loading_info(info, _weights_name(source))
     return model, tokenizer
 
 
@@ -250,7 +254,7 @@ def _weights_name(source: str) -> str:
     return str(directory / files[0]) + (f" (+{len(files) - 1} more files)" if len(files) > 1 else "")
 
 
-def check_loading_info(info: dict, weights: str, shown: int = 3) -> None:
+def check_loading_info(info: dict, weights: str, against: str = "its config.json", shown: int = 3) -> None:
     """Raise LeapDecodeError naming `weights` and the first tensors it lacks, has in excess, or has misshapen."""
     problems = []
     for label, key in (
@@ -264,7 +268,7 @@ def check_loading_info(info: dict, weights: str, shown: int = 3) -> None:
             problems.append(f"{label} {', '.join(names[:shown])}{more}")
     if problems:
         raise LeapDecodeError(
-            f"{weights} does not match its config.json: {'; '.join(problems)} "
+            f"{weights} does not match {against}: {'; '.join(problems)} "
             "(refusing to run with random weights in their place)"
         )
 
@@ -301,6 +305,8 @@ def _load_gguf(path: pathlib.Path, spec: str, dtype: torch.dtype) -> LoadedModel
             with Phases(True).phase("convert", f"{path.name} → fp32 safetensors in {target} (once)"):
                 try:
                     converted = convert_gguf(path.resolve(), work / "model")
+                except LeapDecodeError:
+                    raise
                 except Exception as e:
                     raise LeapDecodeError(f"cannot load GGUF file {path}: {_first_line(e)}") from None
             return {
@@ -317,6 +323,8 @@ def _load_gguf(path: pathlib.Path, spec: str, dtype: torch.dtype) -> LoadedModel
             raise LeapDecodeError(f"cannot write model cache {target}: {e.strerror or e}") from None
     try:
         model, tokenizer = _from_pretrained(str(path.resolve().parent), dtype, gguf_file=path.name)
+    except LeapDecodeError:
+        raise
     except Exception as e:
         raise LeapDecodeError(f"cannot load GGUF file {path}: {_first_line(e)}") from None
     fix_special_tokens(model, tokenizer, lambda: gguf_chat_template(path))
@@ -354,7 +362,9 @@ def _load_hub(spec: str, dtype: torch.dtype) -> LoadedModel | None:
             f"`hf download {spec}`"
         )
     try:
-        model, tokenizer = _from_pretrained(spec, dtype, local_files_only=True)
+        # from the snapshot folder, not the hub id: huggingface_hub builds request headers even for a cache-only
+        # lookup, and that can fetch a registry from the Hub
+        model, tokenizer = _from_pretrained(str(snapshot), dtype, local_files_only=True)
     except LeapDecodeError:
         raise
     except PermissionError as e:
