@@ -97,7 +97,7 @@ def test_draft_model_with_the_default_drafter_drafts_with_it(capsys, tiny_dir):
 
 
 def test_default_drafter_is_the_shipped_head_or_prompt_lookup(capsys, tiny_dir):
-    from leapdecode.api import default_drafter
+    from leapdecode.drafters.factory import default_drafter
 
     assert default_drafter("smollm2-135m") == "head"
     assert default_drafter(tiny_dir) == default_drafter("org/model") == default_drafter("") == "prompt-lookup"

@@ -9,8 +9,8 @@ from conftest import tiny_model
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
-from leapdecode.api import resolve_model
 from leapdecode.engine import Engine
+from leapdecode.models import resolve_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
-from leapdecode.api import resolve_model
 from leapdecode.controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
 from leapdecode.engine import Engine
 from leapdecode.errors import LeapDecodeError
+from leapdecode.models import resolve_model
 
 DRAFTERS = ("none", "prompt-lookup", "ngram", "draft-model", "select")
 
@@ -102,7 +102,7 @@ def test_batch_greedy_equals_solo_greedy(
         got = [t for o in outputs[i] for t in o.new_token_ids]
         expected = solo(target, prompt, max_new)
         assert outputs[i][-1].finished and sum(o.finished for o in outputs[i]) == 1
-        if outputs[i][-1].finish_reason == "cancelled":
+        if outputs[i][-1].finish_reason == "abort":
             assert got == expected[: len(got)], f"request {i} ({drafter}) diverged before its cancellation"
         else:
             assert got == expected, f"request {i} ({drafter}, batch {max_batch_tokens}) differs from solo greedy"
@@ -126,15 +126,17 @@ def test_streams_do_not_draft_beside_a_prompt_being_read(target, draft):
     """A prompt chunk in a step means a request yields nothing until it is read: drafts wait for it, and once it is
     read the streams draft again."""
     eng = engine(target, draft, "draft-model", max_batch_tokens=8)
-    plan, steps = eng._plan, []
+    schedule, steps = eng.scheduler.schedule, []
 
     def spy():
-        ids, segments, kept = plan()
-        decoding = [r for r in eng._running if r.decoding]
-        steps.append((len(decoding) < len(segments), [s.n for s in segments[: len(decoding)]]))
-        return ids, segments, kept
+        plan = schedule()
+        if plan is not None:
+            decoding = [r for r in eng.scheduler.running if r.decoding]
+            segments = plan.segments
+            steps.append((len(decoding) < len(segments), [s.n for s in segments[: len(decoding)]]))
+        return plan
 
-    eng._plan = spy
+    eng.scheduler.schedule = spy
     first, second = [5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 12] * 8
     outputs = run(eng, [(0, first, 30), (4, second, 10)])
     assert [t for o in outputs[0] for t in o.new_token_ids] == solo(target, first, 30)

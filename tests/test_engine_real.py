@@ -10,9 +10,9 @@ import torch
 from test_real_model import PROMPTS
 
 from leapdecode import generate
-from leapdecode.api import encode_prompt
 from leapdecode.engine import Engine
 from leapdecode.models import load_model
+from leapdecode.prompt import encode_prompt
 
 pytestmark = pytest.mark.slow
 TIE = 1e-3

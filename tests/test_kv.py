@@ -66,7 +66,7 @@ def test_budget_one_is_exact(models, arch, name):
     out, runner = run(model, ids, make_press(name, budget=1.0))
     assert out == reference
     assert runner.cache_length == plain.cache_length
-    for a, b in zip(plain.cache.layers, runner.cache.layers):
+    for a, b in zip(plain.kv_layers(), runner.cache.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
@@ -100,7 +100,7 @@ def test_streaming_llm_keeps_sinks_and_recent(models):
     runner.prefill(ids)
     keep = press.kept(len(ids))
     index = list(range(4)) + list(range(len(ids) - keep + 4, len(ids)))
-    for a, b in zip(full.cache.layers, runner.cache.layers):
+    for a, b in zip(full.kv_layers(), runner.cache.layers):
         assert torch.equal(b.keys, a.keys[:, :, index])
 
 
@@ -111,7 +111,7 @@ def test_snapkv_keeps_window_and_selects_per_head(models):
     full.prefill(ids)
     runner = Runner(model, press=make_press("snapkv", budget=0.3, window=8))
     runner.prefill(ids)
-    for a, b in zip(full.cache.layers, runner.cache.layers):
+    for a, b in zip(full.kv_layers(), runner.cache.layers):
         assert torch.equal(b.keys[:, :, -8:], a.keys[:, :, -8:])  # the observation window is always kept
         for head in range(a.keys.shape[1]):  # every kept entry is an entry of the full cache, in order
             rows = [int((a.keys[0, head] == row).all(-1).nonzero()[0]) for row in b.keys[0, head]]
@@ -162,7 +162,7 @@ def test_quantized_accounting_and_error(models, bits, tolerance):
     )  # fp32 tail
     assert kv_bytes(runner.cache) == config.num_hidden_layers * expected
     assert runner.cache_length == n == press.kept(n)
-    for a, b in zip(full.cache.layers, runner.cache.layers):
+    for a, b in zip(full.kv_layers(), runner.cache.layers):
         assert isinstance(b, QuantizedPromptLayer)
         keys, values = b.dequantized()
         assert keys.shape == a.keys.shape

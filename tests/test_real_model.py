@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import leapdecode
-from leapdecode.api import encode_prompt
 from leapdecode.models import load_model
+from leapdecode.prompt import encode_prompt
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import pytest
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
-from leapdecode.api import resolve_model
 from leapdecode.drafters import Draft, Drafter, SelectDrafter
+from leapdecode.models import resolve_model
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,15 @@ def test_select_follows_the_candidate_that_matches_and_stops_asking_the_others(t
     reference = generate(tiny_target, prompt, drafter="none", max_new_tokens=40).token_ids
     wrong, right = Fixed(None), Fixed(reference, len(prompt))
     select = SelectDrafter([wrong, right], trial_steps=3)  # the wrong one is listed first: ties would pick it
-    result = generate(tiny_target, prompt, drafter=select, max_new_tokens=40, draft_length=4, max_draft_length=4)
+    result = generate(
+        tiny_target,
+        prompt,
+        drafter=select,
+        max_new_tokens=40,
+        draft_length=4,
+        max_draft_length=4,
+        adaptive_draft_length=False,
+    )
     assert result.token_ids == reference
     assert select.leader is right and select.matched[1] > select.matched[0]
     assert wrong.proposals == 3 < right.proposals  # asked during the trial only

@@ -14,7 +14,8 @@ import pytest
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
-from leapdecode.api import encode_prompt, resolve_model
+from leapdecode.models import resolve_model
+from leapdecode.prompt import encode_prompt
 from leapdecode.engine import Engine
 from leapdecode.serve.app import create_app
 from leapdecode.serve.server import BackgroundServer

@@ -8,10 +8,10 @@ import json
 import pytest
 from tiny_hf import make_tiny_hf_dir
 
-from leapdecode.api import resolve_model
 from leapdecode.cli import main
 from leapdecode.engine import Engine
 from leapdecode.lab.bench.serve import _pct, server_commands
+from leapdecode.models import resolve_model
 from leapdecode.serve.app import create_app
 from leapdecode.serve.server import BackgroundServer
 

@@ -22,7 +22,7 @@ import pytest
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
-from leapdecode.api import resolve_model
+from leapdecode.models import resolve_model
 from leapdecode.serve.server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.tiny]

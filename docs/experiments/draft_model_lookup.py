@@ -18,7 +18,8 @@ from collections import defaultdict
 import torch
 
 from leapdecode import generate
-from leapdecode.api import encode_prompt, resolve_model
+from leapdecode.prompt import encode_prompt
+from leapdecode.models import resolve_model
 from leapdecode.lab.bench.methods import BenchContext, Variant, run_hf
 from leapdecode.lab.bench.suites import load_suite
 from leapdecode.drafters import DraftModelDrafter

@@ -10,7 +10,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from leapdecode.api import resolve_model
+from leapdecode.models import resolve_model
 
 torch.set_num_threads(2)
 for dtype in ("float32", "int8"):

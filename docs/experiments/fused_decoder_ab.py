@@ -10,7 +10,8 @@ import time
 import torch
 
 from leapdecode import kernels
-from leapdecode.api import encode_prompt, resolve_model
+from leapdecode.prompt import encode_prompt
+from leapdecode.models import resolve_model
 from leapdecode.runner import Runner
 
 torch.set_num_threads(2)

@@ -12,7 +12,8 @@ from collections import defaultdict
 import torch
 
 from leapdecode import generate
-from leapdecode.api import attached_head, resolve_model
+from leapdecode.drafters.factory import attached_head
+from leapdecode.models import resolve_model
 from leapdecode.lab.bench.suites import load_suite
 from leapdecode.drafters import HeadDrafter
 

@@ -1,10 +1,21 @@
 """leapdecode: faster generation for Hugging Face language models, lossless where it promises to be."""
 
-from .api import GenerationResult, generate
+from .api import generate
 from .errors import LeapDecodeError
+from .params import DraftConfig, RequestParams
+from .stats import GenerationResult
 from .version import __version__
 
-__all__ = ["generate", "Engine", "GenerationResult", "LeapDecodeError", "load_model", "__version__"]
+__all__ = [
+    "generate",
+    "Engine",
+    "GenerationResult",
+    "RequestParams",
+    "DraftConfig",
+    "LeapDecodeError",
+    "load_model",
+    "__version__",
+]
 
 
 def __getattr__(name):

@@ -61,7 +61,8 @@ def _press_names() -> str:
 def run_generate(args) -> int:
     from transformers import TextStreamer
 
-    from .api import generate, resolve_model
+    from .api import generate
+    from .models import resolve_model
 
     require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt

@@ -1,4 +1,4 @@
-"""One record of a generation, read alike by the API, the CLI and the benchmark."""
+"""The record of a generation and its result, read alike by the API, the Engine, the CLI and the benchmark."""
 
 from __future__ import annotations
 
@@ -45,4 +45,25 @@ class GenerationStats:
             "total_time": round(self.total_time, 4),
             "draft_time": round(self.draft_time, 4),
             "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced: its text, the new token ids, the prompt's ids and the record of how it went."""
+
+    text: str
+    token_ids: list[int]  # the new tokens only
+    prompt_ids: list[int]
+    stats: GenerationStats
+    model: str
+    drafter: str
+
+    def as_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "model": self.model,
+            "drafter": self.drafter,
+            **self.stats.as_dict(),
         }

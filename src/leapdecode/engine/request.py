@@ -1,4 +1,4 @@
-"""One request inside the Engine: its state, what each step hands back for it, and the options it takes."""
+"""One request inside the Engine: its state, what each step hands back for it, and the acceptance prior of new ones."""
 
 from __future__ import annotations
 
@@ -7,20 +7,18 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..controller import DECAY
-from ..errors import require
 from ..kv.slots import SequenceKV
+from ..params import RequestParams
 from ..sequence import SequenceState
 from ..stats import GenerationStats
 from .text import TextStream
-
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "cancelled"}
-REQUEST_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "raw")
 
 
 @dataclass
 class RequestOutput:
     """What one step produced for one request. `text` is the new text (never a stop string); the last output of a
-    request has `finished`, its `finish_reason` ("stop", "length" or "cancelled") and its `stats`."""
+    request has `finished`, its `finish_reason` ("stop", "length" or "abort", see params.FINISH_REASONS) and its
+    `stats`."""
 
     request_id: int
     new_token_ids: list[int]
@@ -32,7 +30,10 @@ class RequestOutput:
 
 
 class Request:
-    def __init__(self, rid: int, prompt_ids: list[int], params: dict, text: TextStream, on_output):
+    """A request from add_request to its last output. `seq` (the step rule's state) and `kv` (its KV slot) exist while
+    it runs."""
+
+    def __init__(self, rid: int, prompt_ids: list[int], params: RequestParams, text: TextStream, on_output):
         self.id, self.prompt_ids, self.params, self.text, self.on_output = rid, prompt_ids, params, text, on_output
         self.arrival = time.perf_counter()
         self.seq: SequenceState | None = None
@@ -41,7 +42,13 @@ class Request:
 
     @property
     def decoding(self) -> bool:
+        """Its prompt has been read (the first step that produced a token is behind it)."""
         return self.seq.stats.forward_passes > 0
+
+    @property
+    def read(self) -> int:
+        """Prompt tokens whose keys/values are in its slot."""
+        return self.kv.length
 
 
 class Acceptance:
@@ -62,14 +69,3 @@ class Acceptance:
             return 0.0, 0.0
         scale = min(1.0, self.PRIOR_STEPS / self.steps)
         return self.accepted * scale, self.rejected * scale
-
-
-def stop_strings(stop) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    require(
-        isinstance(stops, (list, tuple)) and all(isinstance(s, str) and s for s in stops),
-        "stop must be a non-empty string or a list of non-empty strings",
-    )
-    return list(stops)

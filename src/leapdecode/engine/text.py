@@ -1,9 +1,11 @@
 """Incremental text of a request: new text per step, stop strings, and the token that completed a stop string.
 
-Text is re-decoded from the request's tokens (a token's text can depend on its neighbours) and released only once
-it is final: a tail that could still grow into a stop string is held back, and so is an incomplete UTF-8 character
-(the tokenizer shows it as U+FFFD). A stop string ends the request at the token that completes it; the text never
-contains it, which is what plain decoding followed by cutting at the stop string gives.
+Detokenizing is incremental, as vLLM does it: each new token is decoded inside a short window of the tokens before it
+(a token's text can depend on its neighbours, e.g. a leading space or a multi-byte character split over tokens), never
+by re-decoding the whole output. Text is released only once it is final: a tail that could still grow into a stop
+string is held back, and so is an incomplete UTF-8 character (the tokenizer shows it as U+FFFD). A stop string ends
+the request at the token that completes it; the text never contains it, which is what plain decoding followed by
+cutting at the stop string gives.
 """
 
 from __future__ import annotations
@@ -14,32 +16,41 @@ REPLACEMENT = "\ufffd"
 
 
 class TextStream:
-    def __init__(self, tokenizer, stop: list[str], lock=None):
-        self.tokenizer, self.stop = tokenizer, stop
+    def __init__(self, tokenizer, stop: tuple[str, ...] | list[str] = (), lock=None):
+        self.tokenizer, self.stop = tokenizer, tuple(stop)
         self.lock = lock or contextlib.nullcontext()  # held around every use of the (shared) tokenizer
         self.ids: list[int] = []
         self.text = ""  # the request's text so far, cut before a stop string once one is found
         self.emitted = 0  # characters of `text` already released
         self.stopped = False
+        self._prefix = 0  # ids[_prefix:_read] is the window of already-decoded tokens the next token is decoded in
+        self._read = 0
+        self._pending = ""  # decoded text of ids[_read:] not yet taken (it ends in an incomplete character)
 
     def push(self, token_ids: list[int]) -> int:
         """Add a step's tokens; return how many of them count (fewer when one completes a stop string)."""
-        if not self.stop:  # nothing to find token by token: one decode per step
-            self.ids += token_ids
-            self.text = self._decode()
+        if not self.stop:  # nothing to find token by token: one windowed decode per step
+            self._append(token_ids)
             return len(token_ids)
         for used, token in enumerate(token_ids, 1):
-            self.ids.append(token)
-            self.text = self._decode()
+            self._append([token])
             cut = self._stop_at()
             if cut is not None:
                 self.text, self.stopped = self.text[:cut], True
                 return used
         return len(token_ids)
 
-    def _decode(self) -> str:
+    def _append(self, token_ids: list[int]) -> None:
+        self.ids += token_ids
         with self.lock:
-            return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            window = self.tokenizer.decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+            full = self.tokenizer.decode(self.ids[self._prefix :], skip_special_tokens=True)
+        new = full[len(window) :] if full.startswith(window) else full
+        self._pending = new
+        if new and not new.endswith(REPLACEMENT):
+            self.text += new
+            self._pending = ""
+            self._prefix, self._read = self._read, len(self.ids)
 
     def _stop_at(self) -> int | None:
         """Index of the first stop string in the text, looking only where a new one can have appeared."""
@@ -49,6 +60,8 @@ class TextStream:
 
     def release(self, final: bool = False) -> str:
         """The text that became final since the last call (all that is left, when `final`)."""
+        if final and not self.stopped and self._pending:  # an incomplete character at the very end stays as U+FFFD
+            self.text, self._pending = self.text + self._pending, ""
         end = len(self.text)
         if not final and not self.stopped:
             end -= self._held_back()
@@ -57,9 +70,9 @@ class TextStream:
         return delta
 
     def _held_back(self) -> int:
-        """Characters at the end that may still change: an incomplete character, or a possible stop-string start."""
+        """Characters at the end that may still change: a possible stop-string start."""
         text = self.text
-        hold = len(text) - len(text.rstrip(REPLACEMENT))
+        hold = 0
         for s in self.stop:
             for n in range(min(len(s) - 1, len(text)), 0, -1):
                 if text.endswith(s[:n]):

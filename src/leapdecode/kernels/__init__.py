@@ -14,7 +14,8 @@ bf16 packed results equal `F.linear`'s bit for bit; fp32 ones differ in rounding
 """
 
 from .argmax_head import BF16_ROUNDING, ArgmaxOutputHead, fast_bf16
-from .calibrate import BUCKETS, Plan, bf16_pays, cache_file, describe_kernels, kernel_table
+from .calibrate import BUCKETS, Plan, bf16_pays, cache_file
+from .install import install_argmax_head, install_packed_linear
 from .ops import PAD_ROWS, packed_matmul, packed_ops
 from .packed import (
     ARGMAX_PATHS,
@@ -24,11 +25,10 @@ from .packed import (
     chosen_path,
     configure,
     configured,
-    install_argmax_head,
-    install_packed_linear,
     packed_kernels,
     settings,
 )
+from .report import describe_kernels, kernel_table
 
 _packed_matmul = packed_matmul  # the name tests and older callers use
 

@@ -37,7 +37,6 @@ from .packed import (
     available,
     drop_derived,
     forget_routes,
-    installed,
     prepare,
 )
 
@@ -143,66 +142,6 @@ def assign_plans(modules: list[torch.nn.Linear]) -> None:
                 forget_routes()
     if fresh:
         _save()
-
-
-def kernel_table(model: torch.nn.Module) -> list[dict]:
-    """What each of the model's linear layer shapes (its fused decoder's included) runs on: one dict per shape and
-    dtype, with the layer count, the chosen path per row range (`linear`; `argmax` for the output head in greedy decoding) and the measured ms."""
-    from .fused_decoder import existing_decoder  # its fused projections run in place of the model's own
-
-    decoder = existing_decoder(model)
-    groups: dict[tuple, list] = defaultdict(list)
-    for m in installed(model) + (installed(decoder) if decoder is not None else []):
-        groups[
-            (
-                m.out_features,
-                m.in_features,
-                str(m.weight.dtype).removeprefix("torch."),
-                bool(getattr(m, "_leapdecode_argmax", False)),
-            )
-        ].append(m)
-    mode, rows = _settings["linear"], []
-    for (out, inp, dtype, head), mods in groups.items():
-        plan = getattr(mods[0], "_leapdecode_plan", None)
-        forced = [(1, BUCKETS[-1], "hf" if mode == "auto" else mode)]
-        row = {
-            "shape": f"{out}x{inp}",
-            "dtype": dtype,
-            "layers": len(mods),
-            "output_head": head,
-            "mode": mode,
-            "linear": plan.ranges() if mode == "auto" and plan else forced,
-        }
-        if head and plan is not None and plan.has_argmax and _settings["argmax_head"] != "off":
-            row["argmax"] = (
-                plan.ranges("argmax")
-                if _settings["argmax_head"] == "auto"
-                else [(1, BUCKETS[-1], "argmax-bf16 (forced on)")]
-            )
-        if plan is not None:
-            row["cached"] = plan.quiet  # False: measured on a busy machine, for this process only
-            row["ms"] = {"buckets": list(plan.buckets), **plan.ms}
-        rows.append(row)
-    return rows
-
-
-def describe_kernels(model: torch.nn.Module) -> list[str]:
-    """kernel_table as short lines, e.g. '576x576 float32 x60: packed-pad 1-3, packed 4-256'."""
-
-    def spans(ranges):
-        return ", ".join(
-            f"{p} {a}" + (f"-{b}" if b > a else "") + ("+" if b == BUCKETS[-1] else "") for a, b, p in ranges
-        )
-
-    lines = []
-    for row in kernel_table(model):
-        line = f"{row['shape']} {row['dtype']} x{row['layers']}: {spans(row['linear'])}"
-        if "argmax" in row:
-            line += f"; greedy head: {spans(row['argmax'])}"
-        if not row.get("cached", True):
-            line += " (measured on a busy machine: not cached)"
-        lines.append(line)
-    return lines
 
 
 def bf16_pays() -> bool:

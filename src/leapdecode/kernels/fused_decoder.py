@@ -21,7 +21,8 @@ from typing import Callable
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from .packed import _eligible, _settings, install_packed_linear
+from .install import install_packed_linear
+from .packed import _eligible, _settings
 
 ARCHITECTURES = ("llama", "qwen2")  # same layer structure and rotary helper; no q/k norms, no sliding window here
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]

@@ -83,33 +83,25 @@ def configured(**kwargs):
         forget_routes()
 
 
-def install_packed_linear(model: torch.nn.Module) -> None:
-    """Let the model's CPU fp32/bf16 nn.Linear layers run on the chosen linear path while `packed_kernels` is on, and
-    give them their calibrated plans (measured once per host and shape, then read from the disk cache)."""
+def route_linear(model: torch.nn.Module) -> None:
+    """Let the model's CPU fp32/bf16 nn.Linear layers run on the chosen linear path while `packed_kernels` is on
+    (install.install_packed_linear also gives them their calibrated plans)."""
     for module in model.modules():
         if type(module) is torch.nn.Linear and not hasattr(module, "_leapdecode_linear") and _eligible(module.weight):
             module._leapdecode_linear = module.forward
             module.forward = types.MethodType(_dispatch, module)
-    if _settings["linear"] == "auto":
-        from .calibrate import assign_plans
-
-        assign_plans(installed(model))
 
 
-def install_argmax_head(model: torch.nn.Module) -> bool:
-    """Let the model's fp32 output head (without bias) run as an ArgmaxOutputHead under `argmax_logits(True)` where
-    that is faster here (or forced on); returns whether it may."""
+def route_argmax_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """Let the model's fp32 output head (without bias, already routed) run as an ArgmaxOutputHead under
+    `argmax_logits(True)`; returns the head, or None where it may not."""
     head = model.get_output_embeddings()
     if not (hasattr(head, "_leapdecode_linear") and head.weight.dtype == torch.float32 and head.bias is None):
-        return False
+        return None
     if _settings["argmax_head"] == "off":
-        return False
+        return None
     head._leapdecode_argmax = True
-    if _settings["linear"] == "auto" or _settings["argmax_head"] == "auto":
-        from .calibrate import assign_plans
-
-        assign_plans([head])
-    return True
+    return head
 
 
 def installed(model: torch.nn.Module) -> list[torch.nn.Linear]:

@@ -9,6 +9,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .slots import room_for
+
 SPARE = 256  # rows of room added beyond the need at each reallocation (at least; half the length for long caches)
 
 
@@ -25,7 +27,7 @@ class BufferedLayer(DynamicLayer):
         length = self.get_seq_length()
         need = length + key_states.shape[-2]
         if not self._views_buffer() or need > self.key_buffer.shape[-2]:
-            self._reallocate(key_states, value_states, length, need + max(SPARE, need // 2))
+            self._reallocate(key_states, value_states, length, room_for(need, SPARE))
         self.key_buffer[..., length:need, :] = key_states
         self.value_buffer[..., length:need, :] = value_states
         self.keys, self.values = self.key_buffer[..., :need, :], self.value_buffer[..., :need, :]

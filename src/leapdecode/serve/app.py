@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..api import encode_prompt
+from ..prompt import encode_prompt
 from ..errors import LeapDecodeError
 from .engine_thread import EngineThread
 from .metrics import ServerMetrics

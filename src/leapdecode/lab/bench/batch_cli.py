@@ -17,8 +17,8 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from ...api import encode_prompt
     from ...models import load_model
+    from ...prompt import encode_prompt
     from .suites import load_suite
 
     methods = _names(args.methods) or [

@@ -83,7 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = load_model(args.model, dtype=args.dtype)
     draft = load_model(args.draft_model, dtype=args.draft_dtype) if args.draft_model else None
     if draft is not None:
-        from ...api import same_tokenizer
+        from ...drafters.factory import same_tokenizer
 
         require(
             same_tokenizer(draft.tokenizer, target.tokenizer),

@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ...api import attached_head, encode_prompt
+from ...drafters.factory import attached_head
 from ...errors import LeapDecodeError
 from ...models.quantize import dtype_name
+from ...prompt import encode_prompt
 from ..report_kit import environment, other_load, oversubscribed
 from .forward_cost import forward_costs
 from .methods import BenchContext

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ...api import encode_prompt
 from ...errors import require
+from ...prompt import encode_prompt
 from .methods import SWEEPABLE, BenchContext, Measurement, Variant, divergence, first_difference, run_hf, run_variant
 from .suites import Question
 

@@ -13,9 +13,9 @@ import random
 
 import torch
 
-from ...api import encode_prompt
 from ...errors import LeapDecodeError
 from ...kernels import install_packed_linear, packed_kernels
+from ...prompt import encode_prompt
 from .category_prompts import LONG, target_prompt, writer_requests
 from .prompts import first_round, follow_ups, open_question_requests, question_requests, subject_round, written_question
 

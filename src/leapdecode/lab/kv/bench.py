@@ -109,7 +109,7 @@ class _Evaluator:
 
 def _runner_over(model, cache, n: int) -> Runner:
     runner = Runner(model)
-    runner.cache, runner.position = cache, n
+    runner.use_cache(cache, n)
     return runner
 
 

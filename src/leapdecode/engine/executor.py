@@ -1,0 +1,58 @@
+"""The executor: runs a StepPlan through the one forward (leapdecode.forward) and takes each sequence's step.
+
+All rows of the step go through the model as one flat batch (kv.slots.FlatBatch: each sequence's rows attend only to
+that sequence's own keys/values). Then each request that got logits takes its step by the single-request rule
+(sequence.SequenceState.accept: greedy verification or speculative sampling) and its slot forgets the rejected draft
+rows. A prompt read to its end leaves its blocks in the prefix cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..forward import ModelForward
+from ..kv.prefix_cache import PrefixCache
+from ..kv.slots import FlatBatch
+from .request import Request
+from .scheduler import StepPlan
+
+
+@dataclass
+class Accepted:
+    """What one request's step produced: its new tokens, how many draft tokens were verified, how many rejected."""
+
+    request: Request
+    new: list[int]
+    drafted: int
+    rejected: int
+
+
+class Executor:
+    def __init__(self, model: torch.nn.Module, packed_weights: bool, prefix_cache: PrefixCache):
+        self.forward = ModelForward(model, packed_weights)
+        self.prefix_cache = prefix_cache
+        self.device = model.device
+
+    def execute(self, plan: StepPlan) -> list[Accepted]:
+        keep = [entry.first + i for entry in plan.logits for i in range(entry.rows)]
+        logits, hidden = self.forward(
+            torch.tensor(plan.ids, device=self.device),
+            torch.tensor(plan.positions, device=self.device),
+            FlatBatch(plan.segments),
+            torch.tensor(keep, dtype=torch.long, device=self.device),
+            argmax_only=plan.greedy,
+            hidden=plan.hidden,
+        )
+        results, at = [], 0
+        for entry in plan.logits:
+            request, rows = entry.request, slice(at, at + entry.rows)
+            at += entry.rows
+            if not request.decoding:  # its prompt was read to the end in this step
+                self.prefix_cache.insert(request.prompt_ids, request.kv)
+            drafted = len(request.seq.draft.tokens)
+            new, rejected = request.seq.accept(logits[rows], None if hidden is None else hidden[rows])
+            request.kv.truncate(request.kv.length - rejected)
+            results.append(Accepted(request, new, drafted, rejected))
+        return results

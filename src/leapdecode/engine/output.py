@@ -1,0 +1,42 @@
+"""The output processor: turns each request's accepted tokens into what its caller sees (new text, stop decisions,
+the finish reason and the final stats), apart from the model's forward.
+
+Text is detokenized incrementally (engine.text.TextStream). A stop string completed by a token of this step ends the
+request at that token: the tokens after it are dropped from the output, as plain decoding cut at the stop string
+would give.
+"""
+
+from __future__ import annotations
+
+from ..params import finish_reason
+from ..stats import GenerationStats
+from .executor import Accepted
+from .request import RequestOutput
+
+
+def request_output(accepted: Accepted) -> RequestOutput:
+    request, seq, new = accepted.request, accepted.request.seq, accepted.new
+    used = request.text.push(new)
+    if request.text.stopped:  # a stop string ended the request at this step's token number `used`
+        del seq.out[len(seq.out) - len(new) + used :]
+        new = new[:used]
+        seq.stats.stop_reason = "stop"
+    finished = seq.finished
+    return RequestOutput(
+        request.id,
+        new,
+        request.text.release(final=finished),
+        finished,
+        finish_reason(seq.stats.stop_reason) if finished else None,
+        len(request.prompt_ids),
+        seq.finish() if finished else None,
+    )
+
+
+def cancelled_output(request) -> RequestOutput:
+    stats = (
+        request.seq.finish("cancelled")
+        if request.seq
+        else GenerationStats(prompt_tokens=len(request.prompt_ids), stop_reason="cancelled")
+    )
+    return RequestOutput(request.id, [], "", True, finish_reason("cancelled"), len(request.prompt_ids), stats)

@@ -1,0 +1,95 @@
+"""The one forward: the target model over a flat run of rows, each with its own position, attention given by a layout.
+
+Prefill, decode and verification of one request (the Runner), the batched engine's steps (many sequences in one
+flat batch) and a draft model's drafting all run through `ModelForward`. A layout (kv.slots.FlatBatch) says which
+rows belong to which sequence and owns their keys/values; the model's attention hands each layer's new keys/values to
+it and gets back attention over that sequence's own past only. So the losslessness argument and the kernel choice
+live here once: every row sees exactly its own sequence's past, through the same kernels, whoever asked.
+
+Two ways to run the model, chosen once per model: leapdecode's fused decoder forward (kernels.fused_decoder: Llama
+and Qwen2) or the model's own HF forward with leapdecode's attention registered through transformers'
+`AttentionInterface` (every other architecture). `packed_weights=False` keeps HF's forward and `F.linear`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .attention import leapdecode_attention
+from .errors import LeapDecodeError
+from .kernels import argmax_logits, install_argmax_head, install_packed_linear, packed_kernels
+from .kernels.fused_decoder import FusedDecoder, fused_decoder
+
+
+class ModelForward:
+    """`forward(ids, positions, layout, keep)` -> (logits of the `keep` rows, their final-norm hidden states or None).
+
+    `argmax_only`: the caller reads only the argmax of the logits (greedy), so the output head may run in bf16 under a
+    proven error bound (kernels.ArgmaxOutputHead). `hidden`: return the final-norm hidden states of the kept rows
+    (what a draft head drafts from)."""
+
+    def __init__(self, model: torch.nn.Module, packed_weights: bool = True):
+        self.model = model
+        self.packed_weights = packed_weights
+        self.decoder = prepare_model(model, packed_weights)
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        layout,
+        keep: torch.Tensor,
+        *,
+        argmax_only: bool = False,
+        hidden: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with model_kernels(self.model, self.packed_weights, argmax_only, layout):
+            if self.decoder is not None:
+                logits, states = self.decoder(ids, positions, layout.attend, keep)
+                return logits, states if hidden else None
+            with final_norm_output(self.model, hidden) as captured:
+                logits = self.model(
+                    input_ids=ids[None], use_cache=False, position_ids=positions[None], logits_to_keep=keep
+                ).logits[0]
+            return logits, captured[-1][0, keep] if captured else None
+
+
+def prepare_model(model: torch.nn.Module, packed_weights: bool) -> FusedDecoder | None:
+    """Give the model's layers the kernels leapdecode's forwards may switch on (once per model); returns the fused
+    decoder forward to run the model with, or None for the model's own forward."""
+    if not packed_weights:
+        return None
+    install_packed_linear(model)
+    install_argmax_head(model)
+    return fused_decoder(model)
+
+
+@contextlib.contextmanager
+def model_kernels(model: torch.nn.Module, packed_weights: bool, argmax_only: bool, layout=None):
+    """What leapdecode's forwards switch on: packed weights, the argmax-only output head, and leapdecode's attention
+    (grouped-query SDPA, or per-sequence attention over a flat batch `layout`); all scoped to the forward."""
+    with packed_kernels(packed_weights), argmax_logits(argmax_only), leapdecode_attention(model, layout):
+        yield
+
+
+@contextlib.contextmanager
+def final_norm_output(model: torch.nn.Module, enabled: bool):
+    """While active and enabled, collects the output of the model's final norm into the yielded list."""
+    captured: list = []
+    hook = None
+    if enabled:
+        norm = getattr(model.get_decoder(), "norm", None)
+        if norm is None:
+            raise LeapDecodeError(
+                f"{type(model).__name__} has no final `norm` layer to read hidden states "
+                "from (draft heads support Llama/Qwen2-family models)"
+            )
+        hook = norm.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        yield captured
+    finally:
+        if hook is not None:
+            hook.remove()

@@ -1,0 +1,105 @@
+"""Typed request settings, validated once where they enter (generate, Engine.add_request, the server), and the one map
+from a sequence's stop reason to the finish reason users see.
+
+`RequestParams` is what one request asks for (how much to generate, how to sample, where to stop); `DraftConfig` is
+how a drafter's draft length starts and adapts. Both are frozen: whatever runs the request reads them, never changes
+them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from .controller import DraftLengthController
+from .errors import require
+from .sampling import SamplingConfig
+
+# stop reason of a sequence (stats.GenerationStats.stop_reason) -> OpenAI/vLLM finish reason
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort"}
+
+
+def finish_reason(stop_reason: str) -> str:
+    return FINISH_REASONS[stop_reason]
+
+
+def _is_int(value) -> bool:
+    return type(value) is int  # bool is an int subclass, and True is no token count
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """What one request asks for. `stop`: strings that end the output (never part of it); `raw`: a string prompt is
+    sent as is, without the chat template."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    raw: bool = False
+    sampling: SamplingConfig = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        require(
+            _is_int(self.max_new_tokens) and self.max_new_tokens > 0,
+            f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",
+        )
+        require(
+            _is_number(self.temperature) and _is_number(self.top_p) and _is_int(self.top_k),
+            "temperature and top_p must be finite numbers, top_k an integer",
+        )
+        require(self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        require(
+            stop is None or (isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop)),
+            "stop must be a non-empty string or a list of non-empty strings",
+        )
+        object.__setattr__(self, "stop", tuple(stop or ()))
+        sampling = SamplingConfig(
+            temperature=float(self.temperature), top_k=self.top_k, top_p=float(self.top_p), seed=self.seed
+        )
+        object.__setattr__(self, "sampling", sampling)
+
+    @classmethod
+    def of(cls, params: RequestParams | None = None, **options) -> RequestParams:
+        """`params` as given, or one built from keyword options (bad names fail in one line)."""
+        if params is not None:
+            require(not options, "pass either a RequestParams or its fields as keywords, not both")
+            require(isinstance(params, RequestParams), f"params must be a RequestParams, got {type(params).__name__}")
+            return params
+        unknown = sorted(set(options) - set(REQUEST_OPTIONS))
+        require(not unknown, f"unknown request option(s) {', '.join(unknown)}; options: {', '.join(REQUEST_OPTIONS)}")
+        return cls(**options)
+
+
+REQUEST_OPTIONS = tuple(f.name for f in fields(RequestParams) if f.init)
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """The draft length k: where it starts, its ceiling, and whether it adapts to measured cost and acceptance."""
+
+    draft_length: int = 4
+    max_draft_length: int = 16
+    adaptive_draft_length: bool = True
+
+    def __post_init__(self) -> None:
+        require(
+            _is_int(self.draft_length) and _is_int(self.max_draft_length),
+            f"draft lengths must be integers, got {self.draft_length!r} and {self.max_draft_length!r}",
+        )
+        DraftLengthController(**self.controller_options())  # bad lengths fail here, in the controller's words
+
+    def controller_options(self) -> dict:
+        """The keyword arguments of controller.DraftLengthController."""
+        return dict(
+            k_init=min(self.draft_length, self.max_draft_length),
+            k_max=self.max_draft_length,
+            adaptive=self.adaptive_draft_length,
+        )

@@ -1,0 +1,33 @@
+"""A prompt as token ids: a string (through the chat template when the tokenizer has one), chat messages, or token
+ids as they are. Every entry point (generate, the Engine, the server, the benchmarks) encodes through this one
+function, so a prompt means the same tokens everywhere."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .errors import require
+
+Messages = Sequence[dict]
+
+
+def encode_prompt(tokenizer, prompt: str | Messages | Sequence[int], raw: bool = False) -> list[int]:
+    """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is.
+    A list of token ids is taken as it is."""
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+        vocab = len(tokenizer)
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        require(bad is None, f"token id {bad} is outside the tokenizer's vocabulary of {vocab}")
+        return list(prompt)
+    if isinstance(prompt, str):
+        require(prompt.strip() != "", "the prompt is empty")
+        if raw or not getattr(tokenizer, "chat_template", None):
+            return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        prompt = [{"role": "user", "content": prompt}]
+    require(len(prompt) > 0, "the prompt is empty")
+    require(
+        getattr(tokenizer, "chat_template", None) is not None,
+        "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead",
+    )
+    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
