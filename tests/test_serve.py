@@ -14,9 +14,9 @@ import pytest
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
+from leapdecode.engine import Engine
 from leapdecode.models import resolve_model
 from leapdecode.prompt import encode_prompt
-from leapdecode.engine import Engine
 from leapdecode.serve.app import create_app
 from leapdecode.serve.server import BackgroundServer
 
@@ -398,7 +398,7 @@ def test_metrics_use_vllm_names_and_match_the_engine(server, client):
     assert values['vllm:inter_token_latency_seconds_count{model_name="tiny"}'] >= 1
 
 
-def test_a_failing_step_fails_its_requests_and_the_server_goes_on(server, client):
+def test_a_failing_step_fails_its_requests_and_the_server_goes_on(server, client, caplog):
     url, state = server
     step = state.engine.step
 
@@ -416,6 +416,10 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(server, client
     finally:
         state.engine.step = step
     assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
-    assert "planted" in r.json()["error"]["message"]
+    # the client gets an id to quote; the exception text stays in the server's log, under that id
+    message = r.json()["error"]["message"]
+    assert "planted" not in message and "RuntimeError" not in message
+    eid = message.split("error id ")[1].split(";")[0]
+    assert any(eid in rec.getMessage() and "planted" in rec.getMessage() for rec in caplog.records)
     _wait_idle(state)
     assert client.completions.create(model="tiny", prompt="hello", max_tokens=3, temperature=0).choices

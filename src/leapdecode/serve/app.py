@@ -1,20 +1,25 @@
 """The OpenAI-compatible HTTP server around one Engine: `create_app(engine)` gives a FastAPI app.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events, `data: [DONE]` last),
-GET /v1/models, GET /health, GET /metrics (Prometheus). The handlers are plain functions of a `ServerState` and a
-request, so the same code serves from a Ray Serve replica (ray_app.py). Every answer carries the header
-`x-leapdecode-instance` (host and process), and every completion a `leapdecode` object with the request's
-speculative decoding stats (drafter, new tokens per target forward, drafted and accepted tokens).
+GET /v1/models, POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics (Prometheus). The handlers
+are plain functions of a `ServerState` and a request, so the same code serves from a Ray Serve replica
+(ray_app.py). Every answer carries the header `x-leapdecode-instance` (an opaque id of the process; the log maps it
+to host and pid), and every completion a `leapdecode` object with the request's speculative decoding stats.
 
-Requests are tokenized here (the chat template for chat) so that a prompt beyond the context, or a `max_tokens`
-that cannot fit, gets a 400 before anything is queued. A client that disconnects, streaming or not, has its requests
-cancelled in the engine (their KV freed at the next step).
+A completion call is admitted first (admission.py: bounded, with timeouts and a draining state), then its body is
+read and validated (protocol.py, fields.py), its prompts tokenized off the event loop (tokenizing.py) so that a prompt
+beyond the context, or a `max_tokens` that cannot fit, gets a 400 before anything is queued. A client that
+disconnects, streaming or not, has its requests cancelled in the engine (their KV freed at the next step). Host,
+Origin and content type are checked in front of every route (security.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
+import logging
 import os
 import secrets
 import socket
@@ -24,19 +29,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..prompt import encode_prompt
-from ..errors import LeapDecodeError
+from ..version import __version__
+from .admission import Admission, Limits, max_running
 from .engine_thread import EngineThread
+from .jobs import build_jobs, submit
 from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse
 from .responses import SSE, Run
+from .security import Security, SecurityMiddleware, error_id
+from .tokenizing import DetokenizeRequest, TokenizeRequest, TokenizerPool, detokenize, tokenize
+
+log = logging.getLogger("leapdecode.serve")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 DISCARD_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to here, so the client sees the 413
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away before the answer (counted, never seen)
 
 
 class ServerState:
-    """One engine, its thread, its metrics, and the server's settings."""
+    """One engine, its thread, its metrics, and the server's settings (see create_app)."""
 
     def __init__(
         self,
@@ -45,24 +56,52 @@ class ServerState:
         served_model_name: str | None = None,
         api_key: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        limits: Limits | None = None,
+        security: Security | None = None,
     ):
         self.engine = engine
         self.model_name = served_model_name or engine.name
         self.accepted_names = {self.model_name, engine.name}
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
+        self.limits = limits or Limits()
+        self.security = security or Security()
         self.drafter = getattr(engine, "drafter_name", "none")
-        self.instance = f"{socket.gethostname()}:{os.getpid()}"
+        where = f"{socket.gethostname()}:{os.getpid()}"
+        self.instance = hashlib.sha256(where.encode()).hexdigest()[:12]
+        log.info("server instance %s is %s", self.instance, where)
         self.created = int(time.time())
+        self.tokenizers = TokenizerPool(engine.tokenizer)  # copies made before the engine thread uses the tokenizer
         self.thread = EngineThread(engine).start()
         self.metrics = ServerMetrics(self.thread, self.model_name)
+        self.admission = Admission(self.limits, max_running(engine), self.metrics)
+
+    def begin_drain(self) -> None:
+        """Stop admitting: new calls get 503 `shutting_down`; those in flight go on."""
+        if not self.admission.draining:
+            log.info("draining: new requests are refused, %d sequences in flight", self.admission.held)
+        self.admission.draining = True
 
     def close(self) -> None:
+        """Cancel what is left and stop the engine thread."""
+        self.begin_drain()
         self.thread.stop()
+        self.tokenizers.close()
 
 
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+def error_response(error: APIError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers={**(error.headers or {}), **(headers or {})})
+
+
+def _internal(error: Exception) -> APIError:
+    eid = error_id()
+    log.error("internal error %s: %s: %s", eid, type(error).__name__, error, exc_info=error)
+    return APIError(
+        500,
+        f"internal server error (error id {eid}; the server log has the details)",
+        type="server_error",
+        code="internal_error",
+    )
 
 
 def _authorize(state: ServerState, request: Request) -> None:
@@ -96,6 +135,16 @@ async def _read_body(state: ServerState, request: Request) -> bytes:
     return b"".join(chunks)
 
 
+async def _discard_body(request: Request) -> None:
+    """Read and drop an unread body (up to DISCARD_LIMIT), so a refused client reads its answer, not a reset."""
+    size = 0
+    with contextlib.suppress(Exception):
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > DISCARD_LIMIT:
+                return
+
+
 # ---- completions ----------------------------------------------------------------------------------------------------
 
 
@@ -110,9 +159,17 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
 async def _complete(state: ServerState, request: Request, chat: bool) -> Response:
     endpoint = "/v1/chat/completions" if chat else "/v1/completions"
     arrival = time.perf_counter()
+    ticket, headers, run, body_read = None, {}, None, False
+    watcher = None
     try:
         _authorize(state, request)
-        body = parse(ChatCompletionRequest if chat else CompletionRequest, await _read_body(state, request))
+        ticket = state.admission.enter(state.thread.refuse_reason())
+        body_read = True
+        raw = await _read_body(state, request)
+        body, ignored = parse(ChatCompletionRequest if chat else CompletionRequest, raw)
+        if ignored:
+            log.warning("%s: ignored unknown field(s) %s", endpoint, ", ".join(ignored))
+            headers["x-leapdecode-ignored-fields"] = ",".join(ignored)
         if body.model not in state.accepted_names:
             raise APIError(
                 404,
@@ -120,95 +177,52 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
                 param="model",
                 code="model_not_found",
             )
-        jobs = _jobs(state, body, chat)
-        submitted = _submit(state, jobs)
-    except APIError as error:
+        ticket.resize(body.sequences(), param="n")
+        jobs = await build_jobs(state, body, chat)
+        run = Run(state, body, chat, jobs, submit(state, jobs), arrival)
+
+        def client_gone():
+            run.client_gone = True
+            run.cancel_unfinished()
+
+        watcher = asyncio.ensure_future(_on_disconnect(request, client_gone))
+        if body.stream:
+            await run.start()
+            watcher.cancel()  # from here the streaming response watches the client itself
+            if run.client_gone:
+                state.metrics.http(endpoint, CLIENT_CLOSED)
+                return Response(status_code=CLIENT_CLOSED)
+            held = ticket
+
+            def closed():
+                run.cancel_unfinished()
+                held.close()
+
+            ticket = None  # the stream gives it back when it ends
+            state.metrics.http(endpoint, 200)
+            return SSE(run.events(), on_close=closed, headers=headers)
+        result = await run.collect()
+        if run.client_gone:
+            state.metrics.http(endpoint, CLIENT_CLOSED)
+            return Response(status_code=CLIENT_CLOSED)
+        state.metrics.http(endpoint, 200)
+        return JSONResponse(result, headers=headers)
+    except Exception as caught:
+        error = caught if isinstance(caught, APIError) else _internal(caught)
+        if not body_read and error.status != 401:
+            await _discard_body(request)
         state.metrics.http(endpoint, error.status)
-        return error_response(error)
-    state.metrics.http(endpoint, 200)
-    run = Run(state, body, chat, jobs, submitted, arrival)
-    if body.stream:
-        return SSE(run.events(), on_close=run.cancel_unfinished)
-    watcher = asyncio.ensure_future(_on_disconnect(request, run.cancel_unfinished))
-    try:
-        return JSONResponse(await run.collect())
-    except APIError as error:
-        return error_response(error)
+        return error_response(error, headers)
+    except asyncio.CancelledError:  # the server's shutdown timeout ran out
+        state.metrics.http(endpoint, CLIENT_CLOSED)
+        raise
     finally:
-        watcher.cancel()
-        run.cancel_unfinished()
-
-
-def _jobs(state: ServerState, body, chat: bool) -> list[dict]:
-    """One engine request per (prompt, choice): its token ids and parameters. APIError(400) on what cannot run."""
-    tokenizer, context = state.engine.tokenizer, state.engine.context_length
-    prompts = [body.chat()] if chat else body.prompts()
-    if not prompts:
-        raise APIError(400, "prompt: must not be empty", param="prompt")
-    param = "messages" if chat else "prompt"
-    temperature = 1.0 if body.temperature is None else float(body.temperature)
-    top_p = 1.0 if body.top_p is None else float(body.top_p)
-    requested = (body.max_completion_tokens or body.max_tokens) if chat else body.max_tokens
-    stop = [body.stop] if isinstance(body.stop, str) else body.stop
-    if stop is not None and not all(stop):
-        raise APIError(400, "stop: stop strings must not be empty", param="stop")
-    jobs = []
-    for prompt in prompts:
-        try:
-            ids = encode_prompt(tokenizer, prompt, raw=not chat)
-        except LeapDecodeError as e:
-            raise APIError(400, f"{param}: {e}", param=param) from None
-        if not ids:
-            raise APIError(400, f"{param}: the prompt is empty", param=param)
-        room = context - len(ids)
-        if room <= 0:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {context} tokens; the {param} has {len(ids)} tokens",
-                param=param,
-                code="context_length_exceeded",
-            )
-        max_tokens = requested if requested is not None else (room if chat else min(16, room))
-        if max_tokens > room:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {context} tokens; you requested "
-                f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
-                "completion)",
-                param="max_completion_tokens" if chat and body.max_completion_tokens else "max_tokens",
-                code="context_length_exceeded",
-            )
-        echo = tokenizer.decode(ids, skip_special_tokens=True) if not chat and body.echo else ""
-        for j in range(body.n):
-            jobs.append(
-                dict(
-                    prompt_ids=ids,
-                    echo=echo,
-                    params=dict(
-                        max_new_tokens=max_tokens,
-                        temperature=temperature,
-                        top_p=top_p,
-                        top_k=max(0, body.top_k or 0),
-                        seed=None if body.seed is None else body.seed + j,
-                        stop=stop,
-                    ),
-                )
-            )
-    return jobs
-
-
-def _submit(state: ServerState, jobs: list[dict]) -> tuple[asyncio.Queue, dict[int, int]]:
-    queue: asyncio.Queue = asyncio.Queue()
-    index: dict[int, int] = {}
-    try:
-        for i, job in enumerate(jobs):
-            rid, _ = state.thread.submit(job["prompt_ids"], queue=queue, raw=True, **job["params"])
-            index[rid] = i
-    except LeapDecodeError as e:
-        for rid in index:
-            state.thread.cancel(rid)
-        raise APIError(400, str(e)) from None
-    return queue, index
+        if watcher is not None:
+            watcher.cancel()
+        if run is not None and ticket is not None:
+            run.cancel_unfinished()
+        if ticket is not None:
+            ticket.close()
 
 
 async def _on_disconnect(request: Request, callback) -> None:
@@ -225,10 +239,7 @@ async def _on_disconnect(request: Request, callback) -> None:
 
 
 async def models(state: ServerState, request: Request) -> Response:
-    try:
-        _authorize(state, request)
-    except APIError as error:
-        return error_response(error)
+    _authorize(state, request)
     return JSONResponse(
         {
             "object": "list",
@@ -246,15 +257,55 @@ async def models(state: ServerState, request: Request) -> Response:
     )
 
 
+async def _tokenizer_call(state: ServerState, request: Request, model_class, fn) -> Response:
+    _authorize(state, request)
+    ticket = state.admission.enter()  # bounded like completions (a 4 MiB prompt takes a worker for seconds)
+    try:
+        try:
+            data = json.loads(await _read_body(state, request))
+            body = model_class.model_validate(data)
+        except APIError:
+            raise
+        except Exception as e:
+            raise APIError(400, f"the request body is not a valid {model_class.__name__}: {_first_error(e)}") from None
+        if body.model is not None and body.model not in state.accepted_names:
+            raise APIError(404, f"The model '{body.model}' does not exist", param="model", code="model_not_found")
+        return JSONResponse(await state.tokenizers.run(fn, body))
+    finally:
+        ticket.close()
+
+
+def _first_error(e: Exception) -> str:
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
+    return getattr(e, "msg", type(e).__name__)
+
+
+async def tokenize_route(state: ServerState, request: Request) -> Response:
+    context = state.engine.context_length
+
+    def run(tokenizer, body):
+        return {**tokenize(tokenizer, body), "max_model_len": context}
+
+    return await _tokenizer_call(state, request, TokenizeRequest, run)
+
+
+async def detokenize_route(state: ServerState, request: Request) -> Response:
+    vocab = state.tokenizers.vocab
+    return await _tokenizer_call(state, request, DetokenizeRequest, lambda tok, body: detokenize(tok, body, vocab))
+
+
+async def version(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"version": __version__})
+
+
 async def health(state: ServerState, request: Request) -> Response:
-    ok = state.thread.alive
+    problem = state.thread.unhealthy() or ("shutting down" if state.admission.draining else None)
     return JSONResponse(
-        {
-            "status": "ok" if ok else "engine thread stopped",
-            "model": state.model_name,
-            "in_flight": state.thread.in_flight,
-        },
-        status_code=200 if ok else 503,
+        {"status": problem or "ok", "model": state.model_name, "in_flight": state.thread.in_flight},
+        status_code=503 if problem else 200,
     )
 
 
@@ -266,17 +317,40 @@ ROUTES = (
     ("POST", "/v1/completions", completions),
     ("POST", "/v1/chat/completions", chat_completions),
     ("GET", "/v1/models", models),
+    ("POST", "/tokenize", tokenize_route),
+    ("POST", "/detokenize", detokenize_route),
+    ("GET", "/version", version),
     ("GET", "/health", health),
     ("GET", "/metrics", metrics),
 )
+PATHS = {path for _, path, _ in ROUTES}
+COUNTED_BY_HANDLER = {"/v1/completions", "/v1/chat/completions"}
+
+
+def endpoint_label(path: str) -> str:
+    return path if path in PATHS else "other"
 
 
 def create_app(
-    engine, *, served_model_name: str | None = None, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+    engine,
+    *,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    limits: Limits | None = None,
+    security: Security | None = None,
 ) -> FastAPI:
     """A FastAPI app serving `engine` (a leapdecode.engine.Engine); its engine thread starts now and stops with
-    the app's lifespan (or `app.state.server.close()`)."""
-    state = ServerState(engine, served_model_name=served_model_name, api_key=api_key, max_body_bytes=max_body_bytes)
+    the app's lifespan (or `app.state.server.close()`). `limits`: admission bound and timeouts (admission.Limits);
+    `security`: the bound host and the allowed hosts and origins (security.Security)."""
+    state = ServerState(
+        engine,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        limits=limits,
+        security=security,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -289,47 +363,46 @@ def create_app(
     return app
 
 
-def install(app: FastAPI, state: ServerState, routes: bool = True) -> None:
-    """Routes, OpenAI-shaped errors for unknown paths and crashes, and the instance header, on `app`."""
+def install(app: FastAPI, state: ServerState, routes: bool = True, instance_header: bool = True) -> None:
+    """Routes, OpenAI-shaped errors for unknown paths and crashes, the security checks and the instance header."""
     if routes:
         for method, path, handler in ROUTES:
-            app.add_api_route(path, _bind(handler, state), methods=[method], include_in_schema=False)
+            app.add_api_route(path, bind(handler, state, path), methods=[method], include_in_schema=False)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):
         code = "not_found" if exc.status_code == 404 else None
+        state.metrics.http(endpoint_label(request.url.path), exc.status_code)
         return error_response(
             APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code)
         )
 
     @app.exception_handler(Exception)
     async def crash(request, exc):
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"))
+        return error_response(_internal(exc))
 
-    app.add_middleware(_InstanceHeader, instance=state.instance)
-
-
-class _InstanceHeader:
-    """Pure ASGI middleware (streams and disconnects pass through untouched) adding x-leapdecode-instance."""
-
-    def __init__(self, app, instance: str):
-        self.app, self.header = app, (b"x-leapdecode-instance", instance.encode())
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def send_with_header(message):
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), self.header]
-            await send(message)
-
-        await self.app(scope, receive, send_with_header)
+    app.add_middleware(
+        SecurityMiddleware,
+        security=state.security,
+        instance=state.instance if instance_header else "",
+        on_refused=lambda path, status: state.metrics.http(endpoint_label(path), status),
+    )
 
 
-def _bind(handler, state):
+def bind(handler, state, path):
+    """`handler` as a route of `state`: errors answered OpenAI-style, and every answer counted."""
+
     async def route(request: Request):
-        return await handler(state, request)
+        if path in COUNTED_BY_HANDLER:
+            return await handler(state, request)
+        try:
+            response = await handler(state, request)
+        except Exception as caught:
+            error = caught if isinstance(caught, APIError) else _internal(caught)
+            state.metrics.http(path, error.status)
+            return error_response(error)
+        state.metrics.http(path, response.status_code)
+        return response
 
     route.__name__ = handler.__name__
     return route

@@ -9,6 +9,40 @@ import time
 from ..argtypes import integer as _int
 from ..errors import LeapDecodeError, require
 from ..models.registry import DEFAULT_MODEL
+from .admission import DEFAULT_MAX_WAITING, DEFAULT_QUEUE_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT
+
+
+def _seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
+
+
+def server_options(args) -> dict:
+    """create_app's limits and security settings from the command line."""
+    from .admission import Limits
+    from .security import Security
+
+    return dict(
+        limits=Limits(
+            max_waiting=args.max_waiting,
+            queue_timeout=args.queue_timeout,
+            request_timeout=args.request_timeout,
+            shutdown_timeout=args.shutdown_timeout,
+        ),
+        security=Security(args.host, _names(args.allowed_hosts), _names(args.allowed_origins)),
+    )
 
 
 def register(sub) -> None:
@@ -47,6 +81,44 @@ def add_serve(sub) -> None:
         help="require 'Authorization: Bearer KEY' on /v1 routes (default: $LEAPDECODE_API_KEY, else none)",
     )
     p.add_argument("--max-body-bytes", type=_int, default=4 * 1024 * 1024, help="larger request bodies get 413")
+    p.add_argument(
+        "--max-waiting",
+        type=_int,
+        default=DEFAULT_MAX_WAITING,
+        help=f"sequences that may wait beyond the running ones; past it, 429 with Retry-After "
+        f"(default {DEFAULT_MAX_WAITING})",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=_seconds,
+        default=DEFAULT_QUEUE_TIMEOUT,
+        help=f"seconds a request may wait for its first token, then 503 (default {DEFAULT_QUEUE_TIMEOUT:g}; 0: none)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=DEFAULT_REQUEST_TIMEOUT,
+        help=f"seconds a whole request may take, then 504 (default {DEFAULT_REQUEST_TIMEOUT:g}; 0: none)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=DEFAULT_SHUTDOWN_TIMEOUT,
+        help=f"on SIGTERM/Ctrl-C: seconds requests in flight may finish before they are cancelled "
+        f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated browser origins allowed to call the API (e.g. https://app.example.com; * for any); "
+        "default: none, cross-origin requests get 403",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="comma-separated Host names accepted besides localhost, IP addresses and --host (.example.com for a "
+        "domain and its subdomains, * for any); others get 400 (DNS rebinding)",
+    )
     p.add_argument("--threads", type=_int, help="torch threads for the engine (default: torch's)")
     p.add_argument(
         "--ray-replicas",
@@ -90,24 +162,32 @@ def run_serve(args) -> int:
     require(args.max_body_bytes > 0, f"--max-body-bytes must be positive, got {args.max_body_bytes}")
     require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     require(args.ray_replicas >= 0, f"--ray-replicas must be >= 0, got {args.ray_replicas}")
+    require(args.max_waiting >= 0, f"--max-waiting must be >= 0, got {args.max_waiting}")
     if args.ray_replicas:
         from .ray_app import run_ray
 
         return run_ray(args)
+    import logging
+
     import torch
-    import uvicorn
 
     from ..engine import Engine
     from .app import create_app
-    from .server import uvicorn_config
+    from .server import DrainingServer, uvicorn_config
 
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("leapdecode").setLevel(args.log_level.upper())
     if args.threads:
         require(args.threads > 0, f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     check_port(args.host, args.port)
     engine = Engine(args.model, **engine_options(args))
     app = create_app(
-        engine, served_model_name=args.served_model_name, api_key=args.api_key, max_body_bytes=args.max_body_bytes
+        engine,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        **server_options(args),
     )
     state = app.state.server
     print(
@@ -116,7 +196,7 @@ def run_serve(args) -> int:
         flush=True,
     )
     try:
-        uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level)).run()
+        DrainingServer(uvicorn_config(app, args.host, args.port, args.log_level)).run()
     finally:
         state.close()
     return 0
@@ -150,6 +230,7 @@ def run_ray(args) -> int:
         api_key=args.api_key,
         autoscaling_config=autoscaling,
         max_body_bytes=args.max_body_bytes,
+        server_options=server_options(args),
     )
     serve.run(app, route_prefix="/")
     print(

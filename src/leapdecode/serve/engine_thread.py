@@ -4,7 +4,12 @@ Requests go in from the event loop with `submit` (the Engine's add_request is th
 back through `loop.call_soon_threadsafe` into the asyncio queue of their request. The thread sleeps on an event while
 the engine is idle and wakes on a new request or a cancel. After every step it takes a snapshot of
 `engine.metrics()`, so a /metrics scrape from the event loop never reads the engine's lists while a step changes
-them. If a step raises (a bug), every request in flight gets the error and is cancelled, and the thread goes on.
+them. If a step raises (a bug), every request in flight gets the error (an id to quote; the details go to the log)
+and is cancelled, and the thread goes on. Health: the thread is `unhealthy` when it has stopped, when its last
+FAILING_AFTER steps all raised (until a step succeeds), or when one step has run for STALL_SECONDS; new requests then
+fail fast (`refuse_reason`), except that FAILING_AFTER failures in a row close the door only for COOLDOWN_SECONDS,
+after which requests probe the engine again. If the thread itself ends (not by `stop`), every request in flight gets
+a failure at once rather than waiting forever.
 """
 
 from __future__ import annotations
@@ -15,6 +20,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .security import error_id
+
+FAILING_AFTER = 3  # steps in a row that raised: the engine is failing
+COOLDOWN_SECONDS = 5.0  # ...and refuses new requests this long after the last failure (then lets them probe)
+STALL_SECONDS = 120.0  # one step running this long: the engine is stuck
+
 log = logging.getLogger("leapdecode.serve")
 
 
@@ -24,6 +35,8 @@ class StepFailure:
 
     request_id: int
     message: str
+    status: int = 500
+    code: str = "engine_error"
 
 
 class EngineThread:
@@ -35,6 +48,10 @@ class EngineThread:
         self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.snapshot: dict = engine.metrics()
         self.failures = 0
+        self.failures_in_a_row = 0
+        self.last_failure = 0.0
+        self.step_started: float | None = None
+        self.ended: str | None = None  # why the thread ended, when it did by itself
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> "EngineThread":
@@ -55,6 +72,24 @@ class EngineThread:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
 
+    def unhealthy(self) -> str | None:
+        """Why the engine cannot serve now (for /health), or None."""
+        if not self.alive:
+            return "engine thread stopped"
+        if self.failures_in_a_row >= FAILING_AFTER:
+            return f"engine failing: its last {self.failures_in_a_row} steps raised"
+        started = self.step_started
+        if started is not None and time.monotonic() - started > STALL_SECONDS:
+            return f"engine stalled: one step has run for {time.monotonic() - started:.0f} s"
+        return None
+
+    def refuse_reason(self) -> str | None:
+        """Why a new request must fail fast now, or None (a failing engine is probed again after a cooldown)."""
+        reason = self.unhealthy()
+        if reason and reason.startswith("engine failing") and time.monotonic() - self.last_failure > COOLDOWN_SECONDS:
+            return None
+        return reason
+
     @property
     def in_flight(self) -> int:
         return len(self._queues)
@@ -73,7 +108,7 @@ class EngineThread:
                 if output.finished:
                     self._queues.pop(output.request_id, None)
             if entry is not None:
-                entry[0].call_soon_threadsafe(entry[1].put_nowait, output)
+                _deliver(entry, output)
 
         with self._lock:
             rid = self.engine.add_request(prompt, on_output=on_output, **params)
@@ -88,18 +123,31 @@ class EngineThread:
             self._wake.set()
 
     def _run(self) -> None:
-        while not self._stopping:
-            if not self.engine.has_work:
+        try:
+            while not self._stopping:
+                if not self.engine.has_work:
+                    self._take_snapshot()
+                    self._wake.wait(timeout=1.0)
+                    self._wake.clear()
+                    continue
+                self.step_started = time.monotonic()
+                try:
+                    self.engine.step()
+                    self.failures_in_a_row = 0
+                except Exception as error:  # a bug in a step: fail the requests in flight, keep serving
+                    self._fail(error)
+                finally:
+                    self.step_started = None
                 self._take_snapshot()
-                self._wake.wait(timeout=1.0)
-                self._wake.clear()
-                continue
-            try:
-                self.engine.step()
-            except Exception as error:  # a bug in a step: fail the requests in flight, keep serving
-                self._fail(error)
             self._take_snapshot()
-        self._take_snapshot()
+        except BaseException as error:
+            self.ended = type(error).__name__
+            log.critical("the engine thread ended: %s", self.ended, exc_info=True)
+            raise
+        finally:
+            if not self._stopping:  # ended by itself: nobody may wait for it
+                self._stopping = True
+                self._fail_all("the engine thread stopped", 503, "engine_unavailable")
 
     def _take_snapshot(self) -> None:
         # a cancel() from another thread may free a request while metrics() reads it: keep the last snapshot then
@@ -110,14 +158,28 @@ class EngineThread:
 
     def _fail(self, error: Exception) -> None:
         self.failures += 1
-        log.exception("engine step failed")
-        message = f"the engine failed: {type(error).__name__}: {' '.join(str(error).split())}"
+        self.failures_in_a_row += 1
+        self.last_failure = time.monotonic()
+        eid = error_id()
+        log.error("engine step failed (%s): %s: %s", eid, type(error).__name__, error, exc_info=error)
+        self._fail_all(f"the engine failed on this request (error id {eid}; the server log has the details)")
+        time.sleep(0.01)
+
+    def _fail_all(self, message: str, status: int = 500, code: str = "engine_error") -> None:
         with self._lock:
             queues, self._queues = dict(self._queues), {}
-        for rid, (loop, queue) in queues.items():
-            loop.call_soon_threadsafe(queue.put_nowait, StepFailure(rid, message))
+        for rid, entry in queues.items():
+            _deliver(entry, StepFailure(rid, message, status, code))
             try:
                 self.engine.cancel(rid)
             except Exception:
                 log.exception("cancel after a failed step")
-        time.sleep(0.01)
+
+
+def _deliver(entry, item) -> None:
+    """Hand `item` to the asyncio queue of a request (its loop may be gone at shutdown: then nobody waits)."""
+    loop, queue = entry
+    try:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+    except RuntimeError:
+        pass

@@ -5,8 +5,9 @@ Engine-side numbers (running and waiting requests, token counters, the speculati
 the engine thread's last metrics snapshot at scrape time; latency histograms (time to first token, inter-token
 latency, end-to-end latency) and request counts are observed by the HTTP handlers, per request, from the moment the
 request reached the server. leapdecode's own extras (KV tokens and bytes held, prefix-cache tokens, HTTP answers by
-status, engine step failures) are prefixed `leapdecode:`. Each server has its own registry (several apps can live in
-one process, as in the tests).
+status, engine step failures, requests refused or ended by the server's limits) are prefixed `leapdecode:`. Every
+HTTP answer is counted once in `leapdecode:http_requests_total{endpoint,status}` (499: the client left first). Each
+server has its own registry (several apps can live in one process, as in the tests).
 """
 
 from __future__ import annotations
@@ -149,6 +150,13 @@ class ServerMetrics:
             ["model_name", "finished_reason"],
             registry=self.registry,
         )
+        self._rejected = Counter(
+            "leapdecode:requests_rejected",
+            "Requests refused or ended by the server's limits, by reason (queue_full, queue_timeout, "
+            "request_timeout, shutting_down, engine_unavailable).",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
         self._http = Counter(
             "leapdecode:http_requests",
             "HTTP answers by endpoint and status.",
@@ -158,6 +166,9 @@ class ServerMetrics:
 
     def finished(self, reason: str) -> None:
         self._success.labels(self.model_name, reason).inc()
+
+    def rejected(self, reason: str) -> None:
+        self._rejected.labels(self.model_name, reason).inc()
 
     def http(self, endpoint: str, status: int) -> None:
         self._http.labels(endpoint, str(status)).inc()

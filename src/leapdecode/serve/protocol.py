@@ -3,9 +3,9 @@
 Bodies are parsed here rather than by FastAPI so that every bad request, whatever is wrong with it (not JSON, wrong
 types, out-of-range numbers, unsupported features), gets the same answer OpenAI gives: a 4xx status and
 `{"error": {"message", "type", "param", "code"}}` with a one-line message naming the offending field.
-Unknown fields are ignored, as OpenAI-compatible servers do; known ones that this server cannot honour (logprobs,
-penalties, tools, ...) are refused rather than silently dropped, so a client never gets an answer to a different
-question than the one it asked.
+Every field OpenAI or vLLM documents is either honoured or, set to anything but its neutral value, refused with a 400
+naming it (fields.py), so a client never gets an answer to a different question than the one it asked. Unknown
+fields are ignored, logged, and listed in the answer's `x-leapdecode-ignored-fields` header.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+
+from . import fields
 
 
 class APIError(Exception):
@@ -26,9 +28,11 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, _one_line(message), param, code, type
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -61,42 +65,34 @@ class _Common(BaseModel):
     stream: Optional[StrictBool] = False
     stream_options: Optional[StreamOptions] = None
     n: Optional[StrictInt] = Field(default=1, ge=1, le=16)
-    presence_penalty: Optional[Number] = None
-    frequency_penalty: Optional[Number] = None
-    repetition_penalty: Optional[Number] = None
-    logit_bias: Optional[dict] = None
     best_of: Optional[StrictInt] = None
-    user: Optional[str] = None
+    request_id: Optional[str] = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
 
     def unsupported(self) -> tuple[str, str] | None:
-        """(param, message) for a field set to something this server cannot do."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                return (
-                    name,
-                    f"{name} is not supported by this server (speculative decoding keeps the model's own distribution); leave it at 0",
-                )
-        if self.repetition_penalty not in (None, 1, 1.0):
-            return "repetition_penalty", "repetition_penalty is not supported by this server; leave it at 1"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported by this server"
+        """(param, message) for a declared field set to something this server cannot do."""
         if self.best_of not in (None, self.n):
             return "best_of", "best_of is not supported by this server; use n"
         return None
+
+    def sequences(self) -> int:
+        """Engine requests this call becomes: prompts x n."""
+        return self.n
 
 
 class CompletionRequest(_Common):
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
     echo: Optional[StrictBool] = False
-    logprobs: Optional[StrictInt] = None
-    suffix: Optional[str] = None
+    logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
 
     def unsupported(self):
-        if self.logprobs not in (None, 0):
-            return "logprobs", "logprobs are not supported by this server"
-        if self.suffix:
-            return "suffix", "suffix is not supported by this server"
+        if self.logprobs is not None:
+            return "logprobs", "logprobs are not supported by this server yet"
         return super().unsupported()
+
+    def sequences(self) -> int:
+        p = self.prompt
+        prompts = 1 if isinstance(p, str) or (p and isinstance(p[0], int)) else len(p)
+        return prompts * self.n
 
     def prompts(self) -> list:
         """The prompts of the request: strings or token id lists (a list of strings or of id lists is a batch)."""
@@ -110,6 +106,7 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
     content: Union[str, list[dict], None] = None
+    name: Optional[str] = None  # passed to the chat template, as vLLM does
 
     def text(self, index: int) -> str:
         if isinstance(self.content, str):
@@ -130,28 +127,26 @@ class ChatCompletionRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Optional[StrictInt] = Field(default=None, ge=1)
     logprobs: Optional[StrictBool] = False
-    top_logprobs: Optional[StrictInt] = None
-    tools: Optional[list] = None
-    response_format: Optional[dict] = None
+    top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
 
     def unsupported(self):
         if self.logprobs or self.top_logprobs:
-            return "logprobs", "logprobs are not supported by this server"
-        if self.tools:
-            return "tools", "tools are not supported by this server"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", 'only response_format {"type": "text"} is supported by this server'
+            return "logprobs", "logprobs are not supported by this server yet"
         return super().unsupported()
 
     def chat(self) -> list[dict]:
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
-            for i, m in enumerate(self.messages)
-        ]
+        out = []
+        for i, m in enumerate(self.messages):
+            message = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            if m.name is not None:
+                message["name"] = m.name
+            out.append(message)
+        return out
 
 
-def parse(model_class: type[_Common], raw: bytes) -> _Common:
-    """A validated request from the raw body; APIError(400) naming the first bad field otherwise."""
+def parse(model_class: type[_Common], raw: bytes) -> tuple[_Common, list[str]]:
+    """A validated request from the raw body, and the unknown fields it had (ignored); APIError(400) naming the
+    first bad or unsupported field otherwise."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -160,6 +155,9 @@ def parse(model_class: type[_Common], raw: bytes) -> _Common:
         ) from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
+    bad, unknown = fields.check(data, set(model_class.model_fields), chat=model_class is ChatCompletionRequest)
+    if bad:
+        raise APIError(400, bad[1], param=bad[0], code="unsupported_parameter")
     try:
         request = model_class.model_validate(data)
     except ValidationError as e:
@@ -175,7 +173,7 @@ def parse(model_class: type[_Common], raw: bytes) -> _Common:
     bad = request.unsupported()
     if bad:
         raise APIError(400, bad[1], param=bad[0], code="unsupported_parameter")
-    return request
+    return request, unknown
 
 
 def _union_message(field: str) -> str:

@@ -30,17 +30,23 @@ def build_app(
     autoscaling_config: dict | None = None,
     max_ongoing_requests: int = 64,
     max_body_bytes: int = handlers.MAX_BODY_BYTES,
+    server_options: dict | None = None,
 ):
     """A bound Ray Serve application: `replicas` copies (or `autoscaling_config`) of an Engine on `model` (a name
-    or path every node can load), each on `threads` torch threads and as many Ray CPUs."""
+    or path every node can load), each on `threads` torch threads and as many Ray CPUs. `server_options`:
+    create_app's `limits` and `security` (admission.Limits, security.Security), the same in every replica."""
     from ray import serve
 
+    from .security import Security, SecurityMiddleware
+
+    server_options = dict(server_options or {})
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    api.add_middleware(SecurityMiddleware, security=server_options.get("security") or Security())
 
     @serve.deployment(name="leapdecode", max_ongoing_requests=max_ongoing_requests)
     @serve.ingress(api)
     class LeapDecodeReplica:
-        def __init__(self, model, options, served_model_name, api_key, threads, max_body_bytes):
+        def __init__(self, model, options, served_model_name, api_key, threads, max_body_bytes, server_options):
             import torch
 
             from ..engine import Engine
@@ -48,32 +54,50 @@ def build_app(
             torch.set_num_threads(threads)
             engine = Engine(model, **options)
             self.state = handlers.ServerState(
-                engine, served_model_name=served_model_name, api_key=api_key, max_body_bytes=max_body_bytes
+                engine,
+                served_model_name=served_model_name,
+                api_key=api_key,
+                max_body_bytes=max_body_bytes,
+                **server_options,
             )
+            self.routes = {path: handlers.bind(handler, self.state, path) for _, path, handler in handlers.ROUTES}
 
-        def _mark(self, response):
+        async def _route(self, path: str, request: Request):
+            response = await self.routes[path](request)
             response.headers["x-leapdecode-instance"] = self.state.instance
             return response
 
         @api.post("/v1/completions")
         async def completions(self, request: Request):
-            return self._mark(await handlers.completions(self.state, request))
+            return await self._route("/v1/completions", request)
 
         @api.post("/v1/chat/completions")
         async def chat_completions(self, request: Request):
-            return self._mark(await handlers.chat_completions(self.state, request))
+            return await self._route("/v1/chat/completions", request)
 
         @api.get("/v1/models")
         async def models(self, request: Request):
-            return self._mark(await handlers.models(self.state, request))
+            return await self._route("/v1/models", request)
+
+        @api.post("/tokenize")
+        async def tokenize(self, request: Request):
+            return await self._route("/tokenize", request)
+
+        @api.post("/detokenize")
+        async def detokenize(self, request: Request):
+            return await self._route("/detokenize", request)
+
+        @api.get("/version")
+        async def version(self, request: Request):
+            return await self._route("/version", request)
 
         @api.get("/health")
         async def health(self, request: Request):
-            return self._mark(await handlers.health(self.state, request))
+            return await self._route("/health", request)
 
         @api.get("/metrics")
         async def metrics(self, request: Request):
-            return self._mark(await handlers.metrics(self.state, request))
+            return await self._route("/metrics", request)
 
     deployment_options: dict = {"ray_actor_options": {"num_cpus": threads}}
     if autoscaling_config:
@@ -81,5 +105,5 @@ def build_app(
     else:
         deployment_options["num_replicas"] = replicas
     return LeapDecodeReplica.options(**deployment_options).bind(
-        model, dict(engine_options or {}), served_model_name, api_key, threads, max_body_bytes
+        model, dict(engine_options or {}), served_model_name, api_key, threads, max_body_bytes, server_options
     )

@@ -1,9 +1,15 @@
 """What one HTTP completion call becomes: its engine requests' outputs collected into one OpenAI response, or
 streamed as OpenAI chunks (server-sent events, `data: [DONE]` last), with usage, finish reasons, per-request
-speculative stats (the `leapdecode` object) and the latency metrics observed on the way."""
+speculative stats (the `leapdecode` object) and the latency metrics observed on the way.
+
+Waiting for outputs is bounded: a request whose first token has not come by its queue deadline, or that is still
+running at its request deadline, fails with the admission's timeout error (and is cancelled in the engine); an
+engine thread that stopped fails every request at once. A stream's headers go out with its first output, so an error
+before it (a timeout, an engine failure) is a real HTTP status, not an event inside a 200 stream."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -13,12 +19,20 @@ from fastapi.responses import StreamingResponse
 from .engine_thread import StepFailure
 from .protocol import APIError, usage
 
+POLL_SECONDS = 0.5  # how often a waiting request looks at the engine thread's health and its deadlines
+
+
+def _reason(finish_reason: str | None) -> str | None:
+    return "abort" if finish_reason == "cancelled" else finish_reason
+
 
 class SSE(StreamingResponse):
     """Server-sent events that run `on_close` however the response ends (finished, failed, or client gone)."""
 
-    def __init__(self, content, on_close):
-        super().__init__(content, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    def __init__(self, content, on_close, headers: dict | None = None):
+        super().__init__(
+            content, media_type="text/event-stream", headers={"cache-control": "no-cache", **(headers or {})}
+        )
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send):
@@ -36,12 +50,29 @@ class Run:
         self.queue, self.index = submitted
         self.unfinished = set(self.index)
         self.aborted: set[int] = set()
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.id = ("chatcmpl-" if chat else "cmpl-") + (body.request_id or uuid.uuid4().hex)
         self.created = int(time.time())
         self.last = [None] * len(jobs)  # time of each choice's previous output with text/tokens
+        self.seen = [False] * len(jobs)  # whether each choice had an output (so it left the queue)
         self.tokens = [0] * len(jobs)
         self.stats = [None] * len(jobs)
-        self.failure: str | None = None
+        self.failure: APIError | None = None
+        limits = state.admission.limits
+        self.queue_deadline = arrival + limits.queue_timeout if limits.queue_timeout else None
+        self.deadline = arrival + limits.request_timeout if limits.request_timeout else None
+        self.client_gone = False
+        self._iter = None
+        self._first = None
+
+    async def start(self) -> None:
+        """Wait for the first output (a stream's headers go out with it); APIError if the request failed first."""
+        self._iter = self._outputs()
+        try:
+            self._first = await self._iter.__anext__()
+        except StopAsyncIteration:
+            self._first = None
+        if self.failure is not None:
+            raise self.failure
 
     def cancel_unfinished(self) -> None:
         """Cancel what has not finished (the client went away, or the response ended early); counted as aborts."""
@@ -50,16 +81,47 @@ class Run:
             self.state.thread.cancel(rid)
             self.state.metrics.finished("abort")
 
+    async def _next(self):
+        """The next output, or None after setting `failure` (a deadline passed, or the engine thread stopped)."""
+        while True:
+            now = time.perf_counter()
+            started = all(self.seen)
+            deadlines = [d for d in (self.deadline, None if started else self.queue_deadline) if d is not None]
+            wait = min([POLL_SECONDS, *(d - now for d in deadlines)])
+            if wait > 0:
+                try:
+                    return await asyncio.wait_for(self.queue.get(), wait)
+                except asyncio.TimeoutError:
+                    pass
+            now = time.perf_counter()
+            if not self.queue.empty():
+                continue
+            if self.deadline is not None and now >= self.deadline:
+                self.failure = self.state.admission.timeout("request")
+            elif not started and self.queue_deadline is not None and now >= self.queue_deadline:
+                self.failure = self.state.admission.timeout("queue")
+            elif not self.state.thread.alive:
+                self.failure = APIError(
+                    503, "the engine thread stopped", type="server_error", code="engine_unavailable"
+                )
+            else:
+                continue
+            self.cancel_unfinished()
+            return None
+
     async def _outputs(self):
         """(choice index, RequestOutput) until every request finished; timings observed on the way."""
         metrics = self.state.metrics
         while self.unfinished:
-            out = await self.queue.get()
+            out = await self._next()
+            if out is None:
+                return
             if isinstance(out, StepFailure):
-                self.failure = out.message
+                self.failure = APIError(out.status, out.message, type="server_error", code=out.code)
                 self.unfinished.discard(out.request_id)
                 continue
             i = self.index[out.request_id]
+            self.seen[i] = True
             now = time.perf_counter()
             if out.new_token_ids:
                 (metrics.ttft if self.last[i] is None else metrics.itl).observe(now - (self.last[i] or self.arrival))
@@ -70,8 +132,16 @@ class Run:
                 self.stats[i] = out.stats
                 if out.request_id not in self.aborted:
                     metrics.e2e.observe(now - self.arrival)
-                    metrics.finished("abort" if out.finish_reason == "cancelled" else out.finish_reason)
+                    metrics.finished(_reason(out.finish_reason))
             yield i, out
+
+    async def _all(self):
+        if self._iter is None:
+            await self.start()
+        if self._first is not None:
+            yield self._first
+            async for item in self._iter:
+                yield item
 
     def _usage(self) -> dict:
         seen, prompt = set(), 0
@@ -110,12 +180,12 @@ class Run:
     async def collect(self) -> dict:
         texts = [[job["echo"]] for job in self.jobs]
         reasons: list = [None] * len(self.jobs)
-        async for i, out in self._outputs():
+        async for i, out in self._all():
             texts[i].append(out.text)
             if out.finished:
-                reasons[i] = "abort" if out.finish_reason == "cancelled" else out.finish_reason
+                reasons[i] = _reason(out.finish_reason)
         if self.failure:
-            raise APIError(500, self.failure, type="server_error", code="engine_error")
+            raise self.failure
         choices = []
         for i, parts in enumerate(texts):
             text = "".join(parts)
@@ -161,16 +231,16 @@ class Run:
                 yield sse(self._chunk(i, None, None, role=True))
             elif job["echo"]:
                 yield sse(self._chunk(i, job["echo"], None))
-        async for i, out in self._outputs():
+        async for i, out in self._all():
             if out.finished:
-                reason = "abort" if out.finish_reason == "cancelled" else out.finish_reason
+                reason = _reason(out.finish_reason)
                 chunk = self._chunk(i, out.text or (None if self.chat else ""), reason)
                 chunk["leapdecode"] = {"index": i, **self._spec([i])}
                 yield sse(chunk)
             elif out.text:
                 yield sse(self._chunk(i, out.text, None))
         if self.failure:
-            yield sse(APIError(500, self.failure, type="server_error", code="engine_error").body())
+            yield sse(self.failure.body())
         elif self.include_usage:
             yield sse({**self._head(True), "choices": [], "usage": self._usage()})
         yield "data: [DONE]\n\n"

@@ -1,5 +1,9 @@
 """Running an app under uvicorn: in the foreground (`leapdecode serve`) or in a background thread of this process
-(tests, benchmarks), bound to 127.0.0.1 unless told otherwise."""
+(tests, benchmarks), bound to 127.0.0.1 unless told otherwise.
+
+Shutting down (SIGTERM, Ctrl-C, or leaving the `with` block) is graceful and bounded: the server stops accepting
+connections and new requests (503 `shutting_down` on a kept-alive connection), lets the requests in flight finish for
+up to the app's shutdown timeout, then cancels what is left and stops the engine thread."""
 
 from __future__ import annotations
 
@@ -16,11 +20,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _server_state(app):
+    return getattr(getattr(app, "state", None), "server", None)
+
+
 def uvicorn_config(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> uvicorn.Config:
     # the asyncio loop and h11: the same everywhere, whatever optional speedups happen to be installed
+    state = _server_state(app)
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, loop="asyncio", http="h11", timeout_keep_alive=30, backlog=2048
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        loop="asyncio",
+        http="h11",
+        timeout_keep_alive=30,
+        backlog=2048,
+        timeout_graceful_shutdown=state.limits.shutdown_timeout if state is not None else None,
     )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, telling a leapdecode app to stop admitting the moment shutdown begins (uvicorn itself only
+    tells the app after the requests in flight are done)."""
+
+    async def shutdown(self, sockets=None) -> None:
+        state = _server_state(self.config.app)
+        if state is not None:
+            state.begin_drain()
+        await super().shutdown(sockets)
 
 
 class BackgroundServer:
@@ -28,7 +56,7 @@ class BackgroundServer:
 
     def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning"):
         self.host, self.port = host, port or free_port(host)
-        self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port, log_level))
+        self.server = DrainingServer(uvicorn_config(app, self.host, self.port, log_level))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
     @property
@@ -45,5 +73,8 @@ class BackgroundServer:
         return self.url
 
     def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def shutdown(self, wait: float = 60) -> None:
         self.server.should_exit = True
-        self.thread.join(30)
+        self.thread.join(wait)

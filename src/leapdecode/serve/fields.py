@@ -1,0 +1,131 @@
+"""Every request field OpenAI and vLLM document, and what this server does with it: honours it, refuses it with a 400
+that names it (when set to anything but its neutral value), or takes it as metadata that changes no output. A field
+in none of these lists is unknown: it is ignored, logged, and listed in the `x-leapdecode-ignored-fields` header.
+
+The fields this server honours are declared (and validated) on the request models in protocol.py.
+"""
+
+from __future__ import annotations
+
+# metadata: accepted, changes nothing in the answer (vLLM ignores these too, or only logs them)
+METADATA = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "cache_salt")
+
+# field -> (is the value neutral?, why it is refused otherwise); a field the request model declares is honoured
+# instead (so implementing a field is declaring it there)
+
+
+def _falsy(v) -> bool:
+    return v in (None, False, 0, 0.0, "", [], {})
+
+
+def _neutral(*values):
+    return lambda v: v is None or v in values
+
+
+COMMON_REFUSED = {
+    "presence_penalty": (_neutral(0), "speculative decoding keeps the model's own distribution; leave it at 0"),
+    "frequency_penalty": (_neutral(0), "speculative decoding keeps the model's own distribution; leave it at 0"),
+    "repetition_penalty": (_neutral(1), "leave it at 1"),
+    "length_penalty": (_neutral(1), "it applies to beam search, which this server does not do"),
+    "use_beam_search": (_falsy, "beam search is not supported"),
+    "logit_bias": (_falsy, ""),
+    "allowed_token_ids": (_falsy, ""),
+    "bad_words": (_falsy, ""),
+    "logits_processors": (_falsy, ""),
+    "prompt_logprobs": (_falsy, ""),
+    "truncate_prompt_tokens": (lambda v: v is None, "send a prompt that fits the context"),
+    "include_stop_str_in_output": (_falsy, "the text never contains a stop string"),
+    "skip_special_tokens": (_neutral(True), "special tokens are always skipped in the text"),
+    "spaces_between_special_tokens": (_neutral(True), ""),
+    "return_tokens_as_token_ids": (_falsy, ""),
+    "return_token_ids": (_falsy, ""),
+    "guided_json": (_falsy, "structured output is not supported"),
+    "guided_regex": (_falsy, "structured output is not supported"),
+    "guided_choice": (_falsy, "structured output is not supported"),
+    "guided_grammar": (_falsy, "structured output is not supported"),
+    "guided_decoding_backend": (_falsy, "structured output is not supported"),
+    "guided_whitespace_pattern": (_falsy, "structured output is not supported"),
+    "structured_outputs": (_falsy, "structured output is not supported"),
+    "structural_tag": (_falsy, "structured output is not supported"),
+    "priority": (_neutral(0), "requests are served first come, first served"),
+    "kv_transfer_params": (_falsy, ""),
+    "vllm_xargs": (_falsy, ""),
+    "response_format": (
+        lambda v: v is None or (isinstance(v, dict) and v.get("type", "text") == "text"),
+        'only {"type": "text"} is supported',
+    ),
+    "min_p": (_neutral(0), ""),
+    "ignore_eos": (_falsy, ""),
+    "min_tokens": (_neutral(0), ""),
+    "stop_token_ids": (_falsy, ""),
+}
+
+COMPLETIONS_REFUSED = {
+    "suffix": (_falsy, ""),
+    "prompt_embeds": (_falsy, ""),
+    "add_special_tokens": (_neutral(True), "the prompt is always tokenized with the tokenizer's special tokens"),
+}
+
+CHAT_REFUSED = {
+    "tools": (_falsy, "tool calling is not supported"),
+    "tool_choice": (_neutral("none"), "tool calling is not supported"),
+    "functions": (_falsy, "function calling is not supported"),
+    "function_call": (_neutral("none"), "function calling is not supported"),
+    "audio": (_falsy, "audio output is not supported"),
+    "modalities": (lambda v: v is None or v == ["text"], 'only ["text"] is supported'),
+    "prediction": (_falsy, "predicted outputs are not supported"),
+    "reasoning_effort": (_falsy, "the served model has no reasoning settings"),
+    "verbosity": (_falsy, ""),
+    "web_search_options": (_falsy, "web search is not supported"),
+    "echo": (_falsy, "echo is supported on /v1/completions only"),
+    "add_generation_prompt": (_neutral(True), "the chat template always ends with the assistant's turn"),
+    "continue_final_message": (_falsy, "the chat template always starts a new assistant turn"),
+    "add_special_tokens": (_neutral(False), "the chat template's text is tokenized as it is"),
+    "documents": (_falsy, ""),
+    "chat_template": (_falsy, "the model's own chat template is used"),
+    "chat_template_kwargs": (_falsy, "the model's own chat template is used"),
+    "mm_processor_kwargs": (_falsy, ""),
+    "parallel_tool_calls": (lambda v: True, ""),  # meaningless without tools, which are refused
+}
+
+MESSAGE_FIELDS = {"role", "content", "name"}
+MESSAGE_REFUSED = {
+    "tool_calls": (_falsy, "tool calling is not supported"),
+    "tool_call_id": (_falsy, "tool calling is not supported"),
+    "function_call": (_falsy, "function calling is not supported"),
+    "audio": (_falsy, "audio is not supported"),
+    "refusal": (lambda v: True, ""),  # an assistant message sent back as this server answered it
+    "reasoning_content": (lambda v: True, ""),
+}
+
+
+def refused(chat: bool) -> dict:
+    return {**COMMON_REFUSED, **(CHAT_REFUSED if chat else COMPLETIONS_REFUSED)}
+
+
+def check(data: dict, declared: set[str], chat: bool) -> tuple[tuple[str, str] | None, list[str]]:
+    """(param, message) of the first field set to what this server cannot do, or None; and the unknown fields.
+    `declared`: the fields of the request model (honoured, and validated there)."""
+    table = refused(chat)
+    unknown = []
+    for name, value in data.items():
+        if name in declared:
+            continue
+        if name in table:
+            neutral, why = table[name]
+            if not neutral(value):
+                return (name, f"{name} is not supported by this server" + (f" ({why})" if why else "")), []
+        elif name not in METADATA:
+            unknown.append(name)
+    if chat and isinstance(data.get("messages"), list):
+        for i, message in enumerate(data["messages"]):
+            if not isinstance(message, dict):
+                continue
+            for name, value in message.items():
+                if name in MESSAGE_REFUSED:
+                    neutral, why = MESSAGE_REFUSED[name]
+                    if not neutral(value):
+                        return (f"messages.{i}.{name}", f"messages[{i}].{name} is not supported ({why})"), []
+                elif name not in MESSAGE_FIELDS:
+                    unknown.append(f"messages.{i}.{name}")
+    return None, unknown

@@ -1,0 +1,80 @@
+"""What one completion call asks of the engine: its prompts tokenized (off the event loop, see tokenizing.py), checked
+against the context, and turned into one engine request per (prompt, choice); then submitted together."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..errors import LeapDecodeError
+from .protocol import APIError
+from .tokenizing import decode, encode_all
+
+
+async def build_jobs(state, body, chat: bool) -> list[dict]:
+    """One engine request per (prompt, choice): its token ids and parameters. APIError(400) on what cannot run."""
+    context = state.engine.context_length
+    prompts = [body.chat()] if chat else body.prompts()
+    param = "messages" if chat else "prompt"
+    if not prompts:
+        raise APIError(400, f"{param}: must not be empty", param=param)
+    temperature = 1.0 if body.temperature is None else float(body.temperature)
+    top_p = 1.0 if body.top_p is None else float(body.top_p)
+    requested = (body.max_completion_tokens or body.max_tokens) if chat else body.max_tokens
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    if stop is not None and not all(stop):
+        raise APIError(400, "stop: stop strings must not be empty", param="stop")
+    all_ids = await state.tokenizers.run(encode_all, prompts, chat, param)
+    echoes = [""] * len(all_ids)
+    if not chat and body.echo:
+        echoes = await state.tokenizers.run(lambda tok: [decode(tok, ids) for ids in all_ids])
+    jobs = []
+    for ids, echo in zip(all_ids, echoes):
+        room = context - len(ids)
+        if room <= 0:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {context} tokens; the {param} has {len(ids)} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
+        max_tokens = requested if requested is not None else (room if chat else min(16, room))
+        if max_tokens > room:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {context} tokens; you requested "
+                f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
+                "completion)",
+                param="max_completion_tokens" if chat and body.max_completion_tokens else "max_tokens",
+                code="context_length_exceeded",
+            )
+        for j in range(body.n):
+            jobs.append(
+                dict(
+                    prompt_ids=ids,
+                    echo=echo,
+                    params=dict(
+                        max_new_tokens=max_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=max(0, body.top_k or 0),
+                        seed=None if body.seed is None else body.seed + j,
+                        stop=stop,
+                    ),
+                )
+            )
+    return jobs
+
+
+def submit(state, jobs: list[dict]) -> tuple[asyncio.Queue, dict[int, int]]:
+    """Queue every job in the engine, sharing one output queue; all or none (a refused one cancels the others)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    index: dict[int, int] = {}
+    try:
+        for i, job in enumerate(jobs):
+            rid, _ = state.thread.submit(job["prompt_ids"], queue=queue, raw=True, **job["params"])
+            index[rid] = i
+    except LeapDecodeError as e:
+        for rid in index:
+            state.thread.cancel(rid)
+        raise APIError(400, str(e)) from None
+    return queue, index

@@ -1,0 +1,123 @@
+"""Tokenizing and chat templating off the event loop, with tokenizers of the server's own.
+
+A 4 MiB prompt takes seconds to tokenize; on the event loop that would stall every stream. Here each worker thread
+owns a private copy of the model's tokenizer (copied before the engine thread starts), so the server never shares a
+tokenizer object with the engine (which decodes its outputs with its own, under its own lock) nor between its own
+threads: a fast tokenizer is not safe to use from two threads at once. Fast tokenizers release the GIL while they
+encode, so the event loop and the engine thread keep running meanwhile.
+
+Also the bodies of vLLM's /tokenize and /detokenize routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import queue
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from ..errors import LeapDecodeError
+from ..prompt import encode_prompt
+from .protocol import APIError, Message
+
+WORKERS = 2
+
+
+class TokenizerPool:
+    def __init__(self, tokenizer, workers: int = WORKERS):
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        self.copies = [copy.deepcopy(tokenizer) for _ in range(workers)]
+        for tokenizer_copy in self.copies:
+            self._free.put(tokenizer_copy)
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="leapdecode-tokenize")
+        self.vocab = len(tokenizer)
+
+    async def run(self, fn, *args) -> Any:
+        """`fn(tokenizer, *args)` on a worker thread with a tokenizer no other thread uses meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn, args)
+
+    def _call(self, fn, args):
+        tokenizer = self._free.get()
+        try:
+            return fn(tokenizer, *args)
+        finally:
+            self._free.put(tokenizer)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def encode_all(tokenizer, prompts: list, chat: bool, param: str) -> list[list[int]]:
+    """Token ids of each prompt, as the engine would encode them (chat: the template; completions: raw)."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        where = param if len(prompts) == 1 else f"{param}[{i}]"
+        try:
+            ids = encode_prompt(tokenizer, prompt, raw=not chat)
+        except LeapDecodeError as e:
+            raise APIError(400, f"{where}: {e}", param=param) from None
+        except Exception as e:  # the chat template raised (its own checks, e.g. roles that must alternate)
+            raise APIError(400, f"{where}: the chat template refused it: {type(e).__name__}", param=param) from None
+        if not ids:
+            raise APIError(400, f"{where}: the prompt is empty", param=param)
+        out.append(ids)
+    return out
+
+
+def decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# ---- /tokenize and /detokenize (vLLM's shapes) ----------------------------------------------------------------------
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[Message]] = Field(default=None, min_length=1)
+    add_special_tokens: Optional[StrictBool] = None
+    add_generation_prompt: Optional[StrictBool] = True
+    return_token_strs: Optional[StrictBool] = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    tokens: list[StrictInt]
+
+
+def tokenize(tokenizer, body: TokenizeRequest) -> dict:
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "send either prompt or messages", param="prompt")
+    if body.prompt is not None:
+        ids = tokenizer(body.prompt, add_special_tokens=body.add_special_tokens is not False)["input_ids"]
+    else:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise APIError(400, "messages: the model has no chat template", param="messages")
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            | ({"name": m.name} if m.name is not None else {})
+            for i, m in enumerate(body.messages)
+        ]
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=body.add_generation_prompt is not False, tokenize=False
+            )
+        except Exception as e:
+            raise APIError(
+                400, f"messages: the chat template refused it: {type(e).__name__}", param="messages"
+            ) from None
+        ids = tokenizer(text, add_special_tokens=bool(body.add_special_tokens))["input_ids"]
+    strs: Union[list[str], None] = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return {"count": len(ids), "tokens": ids, "token_strs": strs}
+
+
+def detokenize(tokenizer, body: DetokenizeRequest, vocab: int) -> dict:
+    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"tokens: token id {bad} is outside the vocabulary of {vocab}", param="tokens")
+    return {"prompt": tokenizer.decode(body.tokens)}
