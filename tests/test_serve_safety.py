@@ -267,3 +267,44 @@ def test_openai_client_and_http_counters_add_up(server):
     post(url, host="evil.example")
     httpx.post(url + "/v1/completions", content=b"{}", headers={"content-type": "text/plain"})
     assert count() == before + 5
+
+
+# ---- vLLM's sampling and stop options over HTTP ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(max_tokens=14, ignore_eos=True),
+        dict(max_tokens=30, min_tokens=8),
+        dict(max_tokens=30, stop_token_ids=[2]),
+        dict(max_tokens=20, temperature=1.5, min_p=0.2, seed=3),
+    ],
+)
+def test_min_p_ignore_eos_min_tokens_stop_token_ids(server, target, options):
+    from leapdecode import generate
+
+    url, _ = server
+    prompt = "w22 w6 hello w34"  # greedy: three tokens, then the end of sequence
+    r = post(url, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": prompt}], **options})
+    assert r.status_code == 200, r.text
+    assert "x-leapdecode-ignored-fields" not in r.headers
+    renamed = {"max_new_tokens" if k == "max_tokens" else k: v for k, v in options.items()}
+    ref = generate(target, prompt, drafter="none", **renamed)
+    assert r.json()["choices"][0]["message"]["content"] == ref.text
+    assert r.json()["usage"]["completion_tokens"] == len(ref.token_ids)
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"stop_token_ids": [10**6]}, "stop_token_ids"),
+        ({"stop_token_ids": "x"}, "stop_token_ids"),
+        ({"min_tokens": 9, "max_tokens": 3}, "min_tokens"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+    ],
+)
+def test_bad_sampling_options_get_a_400_naming_them(server, extra, param):
+    url, _ = server
+    error_of(post(url, body={**COMPLETION, **extra}), 400, param=param)

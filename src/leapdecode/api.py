@@ -44,8 +44,8 @@ def generate(
     Drafter. `stream` receives each step's new token ids. A draft model given by name loads in `draft_dtype` (int8 by
     default, see models.quantize: the draft's precision changes speed, never the output).
     The request's settings come as `params` (a RequestParams) or as its fields by keyword (max_new_tokens,
-    temperature, top_p, top_k, seed, stop, raw); the draft length's as draft_length, max_draft_length,
-    adaptive_draft_length (see params.DraftConfig).
+    temperature, top_p, top_k, seed, stop, raw, min_p, stop_token_ids, ignore_eos, min_tokens); the draft length's
+    as draft_length, max_draft_length, adaptive_draft_length (see params.DraftConfig).
     `packed_weights=False` runs the target's linear layers through HF's own `F.linear` instead of pre-packed weights
     (same numbers in bf16; in fp32 they round differently, as any two GEMMs do).
     """
@@ -73,6 +73,7 @@ def generate(
         eos_ids=set(target.eos_token_ids),
         context_length=context,
         on_tokens=stream,
+        **params.stop_options(),
     )
     text = target.tokenizer.decode(tokens, skip_special_tokens=True)
     return GenerationResult(

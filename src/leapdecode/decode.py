@@ -29,6 +29,7 @@ def decode(
     eos_ids: set[int],
     context_length: int,
     on_tokens: Callable[[list[int]], None] | None = None,
+    **stop_options,
 ) -> tuple[list[int], GenerationStats]:
     """Generate up to max_new_tokens after prompt_ids; stop at EOS (kept) exactly where plain decoding would."""
     seq = SequenceState(
@@ -39,9 +40,10 @@ def decode(
         max_new_tokens=max_new_tokens,
         eos_ids=eos_ids,
         context_length=context_length,
+        **stop_options,  # min_tokens, stop_token_ids, ignore_eos (params.RequestParams.stop_options)
     )
     runner.keep_hidden = drafter.needs_hidden
-    runner.argmax_only = seq.sampling.greedy
+    runner.argmax_only = seq.argmax_only
     logits = runner.prefill(prompt_ids)[None]
     fed, forward_seconds = 0, 0.0  # the prefill is not a decode step: nothing to time
     while True:
@@ -52,6 +54,7 @@ def decode(
         if seq.finished:
             break
         rows = seq.propose(controller.next_k())
+        runner.argmax_only = seq.argmax_only
         t = time.perf_counter()
         logits = runner.forward(rows)
         fed, forward_seconds = len(rows), time.perf_counter() - t

@@ -16,7 +16,14 @@ from .errors import require
 from .sampling import SamplingConfig
 
 # stop reason of a sequence (stats.GenerationStats.stop_reason) -> OpenAI/vLLM finish reason
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort"}
+FINISH_REASONS = {
+    "eos": "stop",
+    "stop": "stop",
+    "length": "length",
+    "context": "length",
+    "cancelled": "abort",
+    "error": "error",
+}
 
 
 def finish_reason(stop_reason: str) -> str:
@@ -34,7 +41,10 @@ def _is_number(value) -> bool:
 @dataclass(frozen=True)
 class RequestParams:
     """What one request asks for. `stop`: strings that end the output (never part of it); `raw`: a string prompt is
-    sent as is, without the chat template."""
+    sent as is, without the chat template. As vLLM has them: `min_p` (sampling drops tokens less likely than min_p
+    times the most likely one), `stop_token_ids` (tokens that end the output, kept in it like the end of sequence),
+    `ignore_eos` (the end-of-sequence token ends nothing), `min_tokens` (the end of sequence and the stop token ids
+    cannot be produced before this many tokens: the sampled distribution excludes them there)."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -43,6 +53,10 @@ class RequestParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     raw: bool = False
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
     sampling: SamplingConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -61,10 +75,30 @@ class RequestParams:
             "stop must be a non-empty string or a list of non-empty strings",
         )
         object.__setattr__(self, "stop", tuple(stop or ()))
+        require(_is_number(self.min_p), f"min_p must be a number, got {self.min_p!r}")
+        ids = self.stop_token_ids
+        require(
+            isinstance(ids, (list, tuple)) and all(_is_int(t) and t >= 0 for t in ids),
+            f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}",
+        )
+        object.__setattr__(self, "stop_token_ids", tuple(ids))
+        require(isinstance(self.ignore_eos, bool), f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        require(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_new_tokens,
+            f"min_tokens must be an integer in [0, max_new_tokens={self.max_new_tokens}], got {self.min_tokens!r}",
+        )
         sampling = SamplingConfig(
-            temperature=float(self.temperature), top_k=self.top_k, top_p=float(self.top_p), seed=self.seed
+            temperature=float(self.temperature),
+            top_k=self.top_k,
+            top_p=float(self.top_p),
+            seed=self.seed,
+            min_p=float(self.min_p),
         )
         object.__setattr__(self, "sampling", sampling)
+
+    def stop_options(self) -> dict:
+        """SequenceState's keyword arguments for where the output may and must end (besides max_new_tokens)."""
+        return dict(min_tokens=self.min_tokens, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
 
     @classmethod
     def of(cls, params: RequestParams | None = None, **options) -> RequestParams:

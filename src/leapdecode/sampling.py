@@ -1,4 +1,7 @@
-"""Sampling settings and the target distribution they induce (temperature, top-k, top-p), as HF applies them."""
+"""Sampling settings and the target distribution they induce (temperature, top-k, top-p, min-p), as HF applies them.
+
+Whatever samples a token (plain sampling, or speculative sampling's target distribution) draws from `probabilities`,
+so a filter here is exact under speculation too: the distribution sampled is the filtered one."""
 
 from __future__ import annotations
 
@@ -12,17 +15,20 @@ from .errors import require
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature 0 means greedy decoding; otherwise sample from softmax(logits / T) restricted by top-k and top-p."""
+    """temperature 0 means greedy decoding; otherwise sample from softmax(logits / T) restricted by top-k, top-p and
+    min-p (tokens less likely than min_p times the most likely one are dropped)."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
         require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+        require(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -40,7 +46,8 @@ def generator_at(seed: int, position: int, stream: int = 0) -> torch.Generator:
 
 
 def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Rows of `logits` [n, V] → the distribution sampling draws from (fp32), after temperature, top-k, top-p."""
+    """Rows of `logits` [n, V] → the distribution sampling draws from (fp32), after temperature, top-k, top-p, min-p
+    (HF's order of its warpers)."""
     logits = logits.float() / cfg.temperature
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
@@ -53,4 +60,8 @@ def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         drop_sorted[..., -1:] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
+    if cfg.min_p > 0:
+        # HF's MinPLogitsWarper: drop tokens whose probability is below min_p times the top one's (the top one stays)
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < cfg.min_p * probs.amax(-1, keepdim=True), float("-inf"))
     return logits.softmax(-1)

@@ -35,12 +35,20 @@ class SequenceState:
         max_new_tokens: int,
         eos_ids: set[int],
         context_length: int,
+        min_tokens: int = 0,
+        stop_token_ids=(),
+        ignore_eos: bool = False,
     ):
+        """`eos_ids`: the model's end of sequence; `stop_token_ids` end the output too (kept in it, as EOS is);
+        `ignore_eos`: EOS ends nothing; `min_tokens`: no stop token (EOS unless ignored, stop_token_ids) can be
+        produced at output positions before it (masked out of the distribution there, greedy or sampled)."""
         if not sampling.greedy:  # one seed for the whole request, drawn now if none was given
             sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
         self.prompt_ids = list(prompt_ids)
         self.drafter, self.sampling, self.controller = drafter, sampling, controller
         self.max_new_tokens, self.eos_ids, self.context_length = max_new_tokens, eos_ids, context_length
+        self.stop_ids = (set() if ignore_eos else set(eos_ids)) | set(stop_token_ids)
+        self.min_tokens = min_tokens
         self.context = list(prompt_ids)
         self.out: list[int] = []
         self.draft: Draft = EMPTY
@@ -52,6 +60,12 @@ class SequenceState:
     @property
     def finished(self) -> bool:
         return bool(self.stats.stop_reason)
+
+    @property
+    def argmax_only(self) -> bool:
+        """Whether the next forward's logits are read only through their argmax (greedy, nothing masked), so the
+        output head may be argmax-only."""
+        return self.sampling.greedy and not (self.stop_ids and len(self.out) < self.min_tokens)
 
     @property
     def room(self) -> int:
@@ -69,10 +83,11 @@ class SequenceState:
         drafted positions to roll back). `hidden`: the final-norm features of those rows (draft heads read them).
         The forward's size and time feed the controller when one sequence owns the whole forward."""
         draft = self.draft
+        logits = _suppress(logits, self.stop_ids, self.min_tokens - len(self.out))
         new = _verify(draft, logits, self.sampling, len(self.out))
         accepted = len(new) - 1
         self.controller.update(len(draft.tokens), accepted, forward_tokens, forward_seconds, self.draft_seconds)
-        new = _truncate(new, self.eos_ids, self.max_new_tokens - len(self.out))
+        new = _truncate(new, self.stop_ids, self.max_new_tokens - len(self.out))
         self.out += new
         self.context += new
         stats = self.stats
@@ -84,7 +99,7 @@ class SequenceState:
         if stats.forward_passes == 1:
             stats.time_to_first_token = time.perf_counter() - self.start
         stats.stop_reason = _stop_reason(
-            self.out, self.eos_ids, self.max_new_tokens, len(self.context), self.context_length
+            self.out, self.stop_ids, self.eos_ids, self.max_new_tokens, len(self.context), self.context_length
         )
         if not self.finished:
             self.drafter.observe(self.context, len(new))
@@ -132,17 +147,31 @@ def _match_vocab(probs: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.nn.functional.pad(probs, (0, vocab - probs.shape[-1]))
 
 
-def _truncate(new: list[int], eos_ids: set[int], room: int) -> list[int]:
+def _suppress(logits: torch.Tensor, stop_ids: set[int], rows: int) -> torch.Tensor:
+    """`logits` with the stop tokens masked in its first `rows` rows (output positions before min_tokens): row i
+    decides output position done + i whatever was drafted, so plain and speculative decoding mask the same places."""
+    rows = min(rows, logits.shape[0])
+    ids = [t for t in stop_ids if t < logits.shape[-1]]
+    if rows <= 0 or not ids:
+        return logits
+    logits = logits.clone()
+    logits[:rows, ids] = float("-inf")
+    return logits
+
+
+def _truncate(new: list[int], stop_ids: set[int], room: int) -> list[int]:
     new = new[:room]
     for i, token in enumerate(new):
-        if token in eos_ids:
+        if token in stop_ids:
             return new[: i + 1]
     return new
 
 
-def _stop_reason(out: list[int], eos_ids: set[int], max_new_tokens: int, length: int, context_length: int) -> str:
-    if out and out[-1] in eos_ids:
-        return "eos"
+def _stop_reason(
+    out: list[int], stop_ids: set[int], eos_ids: set[int], max_new_tokens: int, length: int, context_length: int
+) -> str:
+    if out and out[-1] in stop_ids:
+        return "eos" if out[-1] in eos_ids else "stop"
     if len(out) >= max_new_tokens:
         return "length"
     if length >= context_length:

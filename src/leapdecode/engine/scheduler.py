@@ -76,7 +76,7 @@ class StepPlan:
 
     @property
     def greedy(self) -> bool:
-        return all(entry.request.seq.sampling.greedy for entry in self.logits)
+        return all(entry.request.seq.argmax_only for entry in self.logits)
 
     @property
     def hidden(self) -> bool:
@@ -133,6 +133,7 @@ class Scheduler:
                 controller=controller,
                 sampling=request.params.sampling,
                 max_new_tokens=request.params.max_new_tokens,
+                **request.params.stop_options(),
                 **self.sequence_options,
             )
             request.seq.start = request.arrival  # time to first token counts the wait

@@ -54,10 +54,6 @@ COMMON_REFUSED = {
         lambda v: v is None or (isinstance(v, dict) and v.get("type", "text") == "text"),
         'only {"type": "text"} is supported',
     ),
-    "min_p": (_neutral(0), ""),
-    "ignore_eos": (_falsy, ""),
-    "min_tokens": (_neutral(0), ""),
-    "stop_token_ids": (_falsy, ""),
 }
 
 COMPLETIONS_REFUSED = {

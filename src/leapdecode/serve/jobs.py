@@ -23,6 +23,10 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     if stop is not None and not all(stop):
         raise APIError(400, "stop: stop strings must not be empty", param="stop")
+    vocab = state.tokenizers.vocab
+    bad = next((t for t in body.stop_token_ids or () if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"stop_token_ids: {bad} is outside the vocabulary of {vocab}", param="stop_token_ids")
     all_ids = await state.tokenizers.run(encode_all, prompts, chat, param)
     echoes = [""] * len(all_ids)
     if not chat and body.echo:
@@ -47,6 +51,10 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                 param="max_completion_tokens" if chat and body.max_completion_tokens else "max_tokens",
                 code="context_length_exceeded",
             )
+        if (body.min_tokens or 0) > max_tokens:
+            raise APIError(
+                400, f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens})", param="min_tokens"
+            )
         for j in range(body.n):
             jobs.append(
                 dict(
@@ -59,6 +67,10 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         top_k=max(0, body.top_k or 0),
                         seed=None if body.seed is None else body.seed + j,
                         stop=stop,
+                        min_p=float(body.min_p or 0.0),
+                        min_tokens=body.min_tokens or 0,
+                        stop_token_ids=tuple(body.stop_token_ids or ()),
+                        ignore_eos=bool(body.ignore_eos),
                     ),
                 )
             )

@@ -66,6 +66,10 @@ class _Common(BaseModel):
     stream_options: Optional[StreamOptions] = None
     n: Optional[StrictInt] = Field(default=1, ge=1, le=16)
     best_of: Optional[StrictInt] = None
+    min_p: Optional[Number] = Field(default=None, ge=0.0, le=1.0)
+    min_tokens: Optional[StrictInt] = Field(default=None, ge=0)
+    stop_token_ids: Optional[list[StrictInt]] = None
+    ignore_eos: Optional[StrictBool] = None
     request_id: Optional[str] = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
 
     def unsupported(self) -> tuple[str, str] | None:
