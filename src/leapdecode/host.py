@@ -32,3 +32,15 @@ def oversubscribed(load: float | None, threads: int) -> bool:
     """Whether `load` other tasks (other_load()) leave `threads` torch threads fewer cores than they need: timings
     then measure how processes share the CPUs, not the code."""
     return load is not None and load + threads > (os.cpu_count() or 1) + 0.5
+
+
+def available_memory() -> int | None:
+    """Bytes the OS could give this process now without swapping (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

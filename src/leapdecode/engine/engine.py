@@ -11,6 +11,7 @@ shares the step, and seeded sampling with a model-free drafter draws the same to
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from typing import Callable, Iterator
@@ -18,18 +19,21 @@ from typing import Callable, Iterator
 from ..drafters import Drafter
 from ..drafters.factory import drafter_factory
 from ..errors import LeapDecodeError, require
+from ..host import available_memory
 from ..models.resolve import resolve_model
 from ..params import REQUEST_OPTIONS, DraftConfig, RequestParams
 from ..prompt import encode_prompt
 from ..stats import GenerationResult
 from .executor import Accepted, Executor
-from .output import cancelled_output, request_output
+from .output import cancelled_output, failed_output, request_output
 from .request import Request, RequestOutput
 from .scheduler import Scheduler, SchedulerConfig
 from .text import TextStream
 
 COUNTERS = (
     "steps",
+    "step_failures",
+    "request_failures",
     "prompt_tokens",
     "generation_tokens",
     "spec_decode_num_drafts",
@@ -37,6 +41,23 @@ COUNTERS = (
     "spec_decode_num_accepted_tokens",
 )
 SCHEDULER_OPTIONS = tuple(SchedulerConfig.__dataclass_fields__)
+log = logging.getLogger("leapdecode.engine")
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values one token holds in every layer of the model."""
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return config.num_hidden_layers * 2 * heads * head_dim * element
+
+
+def default_kv_cache_bytes() -> int:
+    """Half the memory the OS could give now (4 GiB where that is unknown)."""
+    return (available_memory() or 8 * 2**30) // 2
+
+
 DRAFT_OPTIONS = tuple(DraftConfig.__dataclass_fields__)
 
 
@@ -74,9 +95,11 @@ class Engine:
         make_drafter = drafter_factory(drafter, self.target, draft_model, draft_dtype, **(drafter_options or {}))
         self.drafter_name = make_drafter().name
         sequence_options = dict(eos_ids=set(self.target.eos_token_ids), context_length=self.context_length)
-        self.scheduler = Scheduler(
-            scheduler, draft, make_drafter, sequence_options, self.model.config.num_hidden_layers
-        )
+        self.kv_token_bytes = kv_bytes_per_token(self.model)
+        self.kv_cache_bytes = scheduler.kv_cache_bytes or default_kv_cache_bytes()
+        kv_tokens = self.kv_cache_bytes // self.kv_token_bytes
+        layers = self.model.config.num_hidden_layers
+        self.scheduler = Scheduler(scheduler, draft, make_drafter, sequence_options, layers, kv_tokens)
         self.executor = Executor(self.model, packed_weights, self.scheduler.prefix_cache)
         self._ids = itertools.count()
         self._lock = threading.Lock()  # guards _cancels and _requests (touched by other threads)
@@ -203,6 +226,9 @@ class Engine:
             "waiting": len(s.waiting) + len(s.incoming),
             "kv_tokens": sum(kv.length for kv in slots),
             "kv_bytes": sum(kv.nbytes for kv in slots),
+            "kv_budget_bytes": s.kv_tokens * self.kv_token_bytes,
+            "kv_peak_bytes": s.peak_kv_tokens * self.kv_token_bytes,
+            "num_preemptions": s.preemptions,
             "prefix_cache_tokens": s.prefix_cache.tokens,
             "prefix_cache_bytes": s.prefix_cache.nbytes,
             **self.counters,
@@ -211,7 +237,11 @@ class Engine:
     # ---- one step: schedule -> execute -> update -----------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Admit waiting requests, run one forward over every running sequence's rows, emit what it produced."""
+        """Admit waiting requests, run one forward over every running sequence's rows, emit what it produced.
+
+        A failure that belongs to one request (its drafter raised, its logits are not finite, its verification or
+        text failed) ends that request with finish_reason "error" and the others go on; a failure of the forward
+        itself cannot be traced to one request and ends every request of the step (counted in step_failures)."""
         with self._step_lock:
             outputs: list[RequestOutput] = []
             self._apply_cancels(outputs)
@@ -220,7 +250,20 @@ class Engine:
             self.counters["prompt_tokens"] = self.scheduler.admitted_prompt_tokens
             if plan is None:
                 return outputs
-            results = self.executor.execute(plan)
+            for request, error in plan.failed:
+                self._fail(request, error, outputs)
+            if not plan.ids:
+                return outputs
+            try:
+                results = self.executor.execute(plan)
+            except Exception as error:
+                self.counters["step_failures"] += 1
+                log.exception("a step failed; its %d request(s) end with an error", len(plan.logits))
+                for request in {
+                    id(s.kv): r for r in self.scheduler.running for s in plan.segments if s.kv is r.kv
+                }.values():
+                    self._fail(request, f"the step failed: {type(error).__name__}: {error}", outputs)
+                return outputs
             # the whole step, drafting and verification included: what a draft row really costs at this load
             self.scheduler.costs.record(len(plan.ids), time.perf_counter() - start)
             self.counters["steps"] += 1
@@ -229,16 +272,29 @@ class Engine:
             return outputs
 
     def _update(self, accepted: Accepted, outputs: list[RequestOutput]) -> None:
+        if accepted.error is not None:
+            self._fail(accepted.request, accepted.error, outputs)
+            return
         if accepted.drafted:
             self.scheduler.acceptance.update(accepted.drafted - accepted.rejected, accepted.rejected > 0)
             self.counters["spec_decode_num_drafts"] += 1
             self.counters["spec_decode_num_draft_tokens"] += accepted.drafted
             self.counters["spec_decode_num_accepted_tokens"] += accepted.drafted - accepted.rejected
-        out = request_output(accepted)
+        try:
+            out = request_output(accepted)
+        except Exception as error:  # detokenizing or a stop string check failed: this request's alone
+            self._fail(accepted.request, f"its output failed: {type(error).__name__}: {error}", outputs)
+            return
         self.counters["generation_tokens"] += len(out.new_token_ids)
         self._emit(accepted.request, out, outputs)
         if out.finished:
             self._release(accepted.request)
+
+    def _fail(self, request: Request, error: str, outputs: list[RequestOutput]) -> None:
+        log.warning("request %d failed: %s", request.id, error)
+        self.counters["request_failures"] += 1
+        self._emit(request, failed_output(request, error), outputs)
+        self._release(request)
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ class Accepted:
     new: list[int]
     drafted: int
     rejected: int
+    error: str | None = None  # this request's step failed (the others' did not)
 
 
 class Executor:
@@ -46,13 +47,21 @@ class Executor:
             hidden=plan.hidden,
         )
         results, at = [], 0
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
         for entry in plan.logits:
             request, rows = entry.request, slice(at, at + entry.rows)
             at += entry.rows
-            if not request.decoding:  # its prompt was read to the end in this step
-                self.prefix_cache.insert(request.prompt_ids, request.kv)
             drafted = len(request.seq.draft.tokens)
-            new, rejected = request.seq.accept(logits[rows], None if hidden is None else hidden[rows])
+            if not all(finite[rows]):
+                results.append(Accepted(request, [], drafted, drafted, "the model produced non-finite logits"))
+                continue
+            if entry.read_to_end:
+                self.prefix_cache.insert(request.prompt_ids, request.kv)
+            try:  # verification, sampling and the drafter's observe: a failure here is this request's alone
+                new, rejected = request.seq.accept(logits[rows], None if hidden is None else hidden[rows])
+            except Exception as error:
+                results.append(Accepted(request, [], drafted, drafted, f"{type(error).__name__}: {error}"))
+                continue
             request.kv.truncate(request.kv.length - rejected)
             results.append(Accepted(request, new, drafted, rejected))
         return results

@@ -34,9 +34,19 @@ def request_output(accepted: Accepted) -> RequestOutput:
 
 
 def cancelled_output(request) -> RequestOutput:
-    stats = (
-        request.seq.finish("cancelled")
-        if request.seq
-        else GenerationStats(prompt_tokens=len(request.prompt_ids), stop_reason="cancelled")
+    return RequestOutput(
+        request.id, [], "", True, finish_reason("cancelled"), len(request.prompt_ids), _closed(request)
     )
-    return RequestOutput(request.id, [], "", True, finish_reason("cancelled"), len(request.prompt_ids), stats)
+
+
+def failed_output(request, error: str) -> RequestOutput:
+    """The last output of a request whose step failed: what it had released stays released; no more text."""
+    return RequestOutput(
+        request.id, [], "", True, finish_reason("error"), len(request.prompt_ids), _closed(request, "error"), error
+    )
+
+
+def _closed(request, reason: str = "cancelled") -> GenerationStats:
+    if request.seq is not None:
+        return request.seq.finish(reason)
+    return GenerationStats(prompt_tokens=len(request.prompt_ids), stop_reason=reason)

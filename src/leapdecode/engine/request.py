@@ -18,7 +18,7 @@ from .text import TextStream
 class RequestOutput:
     """What one step produced for one request. `text` is the new text (never a stop string); the last output of a
     request has `finished`, its `finish_reason` ("stop", "length" or "abort", see params.FINISH_REASONS) and its
-    `stats`."""
+    `stats`; a request that failed has finish_reason "error" and the reason in `error`."""
 
     request_id: int
     new_token_ids: list[int]
@@ -27,27 +27,32 @@ class RequestOutput:
     finish_reason: str | None
     prompt_tokens: int
     stats: GenerationStats | None = None
+    error: str | None = None  # set (with finish_reason "error") when this request failed; others went on
 
 
 class Request:
     """A request from add_request to its last output. `seq` (the step rule's state) and `kv` (its KV slot) exist while
-    it runs."""
+    it runs. `reading`: the tokens to read before it decodes: its prompt, or after a preemption (which gave its KV
+    back) its whole context so far, recomputed."""
 
     def __init__(self, rid: int, prompt_ids: list[int], params: RequestParams, text: TextStream, on_output):
         self.id, self.prompt_ids, self.params, self.text, self.on_output = rid, prompt_ids, params, text, on_output
         self.arrival = time.perf_counter()
         self.seq: SequenceState | None = None
         self.kv: SequenceKV | None = None
+        self.reading: list[int] = prompt_ids
+        self.admitted = 0  # admission order (the newest running request is preempted first)
+        self.preemptions = 0
         self.outputs: deque[RequestOutput] = deque()
 
     @property
     def decoding(self) -> bool:
-        """Its prompt has been read (the first step that produced a token is behind it)."""
-        return self.seq.stats.forward_passes > 0
+        """What it had to read is read (the step that read its last token also took its first decoding step)."""
+        return self.kv.length >= len(self.reading)
 
     @property
     def read(self) -> int:
-        """Prompt tokens whose keys/values are in its slot."""
+        """Tokens of `reading` whose keys/values are in its slot."""
         return self.kv.length
 
 

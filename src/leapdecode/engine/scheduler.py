@@ -19,7 +19,7 @@ from ..controller import DraftDemand, DraftLengthController, StepCost, plan_draf
 from ..drafters import Drafter
 from ..errors import require
 from ..kv.prefix_cache import PrefixCache
-from ..kv.slots import Segment, SequenceKV
+from ..kv.slots import Segment, SequenceKV, room_for
 from ..params import DraftConfig
 from ..sequence import SequenceState
 from .request import Acceptance, Request
@@ -31,12 +31,15 @@ MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode
 class SchedulerConfig:
     """`max_batch_tokens`: rows per step; `max_sequences`: requests decoded at once (more wait);
     `prefix_cache_tokens`: prompt-prefix KV kept for reuse; `max_decode_slowdown`: how much dearer than a decode-only
-    step a step may get from the prompt chunks riding along."""
+    step a step may get from the prompt chunks riding along; `kv_cache_bytes`: the most bytes of keys/values the
+    engine holds (running requests' slots and the prefix cache together; None: half the memory available when the
+    engine starts)."""
 
     max_batch_tokens: int = 256
     max_sequences: int = 32
     prefix_cache_tokens: int = 8192
     max_decode_slowdown: float = 2.0
+    kv_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_sequences"):
@@ -47,6 +50,10 @@ class SchedulerConfig:
             f"prefix_cache_tokens must be >= 0, got {self.prefix_cache_tokens!r}",
         )
         require(self.max_decode_slowdown >= 1, f"max_decode_slowdown must be >= 1, got {self.max_decode_slowdown}")
+        require(
+            self.kv_cache_bytes is None or (type(self.kv_cache_bytes) is int and self.kv_cache_bytes > 0),
+            f"kv_cache_bytes must be a positive integer, got {self.kv_cache_bytes!r}",
+        )
 
 
 @dataclass
@@ -57,6 +64,7 @@ class Logits:
     request: Request
     first: int
     rows: int
+    read_to_end: bool = False  # the last row of what it had to read: its prompt's blocks go to the prefix cache
 
 
 @dataclass
@@ -68,6 +76,7 @@ class StepPlan:
     positions: list[int] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     logits: list[Logits] = field(default_factory=list)
+    failed: list[tuple[Request, str]] = field(default_factory=list)  # requests whose drafter raised: out of the step
 
     def add(self, request: Request, tokens: list[int], past: int) -> None:
         self.segments.append(Segment(request.kv, len(self.ids), len(tokens), past))
@@ -84,7 +93,13 @@ class StepPlan:
 
 
 class Scheduler:
-    """Owns the queues: `incoming` (filled from any thread), `waiting` and `running`. `schedule()` admits, then plans."""
+    """Owns the queues: `incoming` (filled from any thread), `waiting` and `running`. `schedule()` admits, then plans.
+
+    KV memory is bounded: the running requests' slots (their capacity, as allocated) and the prefix cache together
+    never hold more than `kv_tokens` rows. A step that would cross the bound frees room, cheapest first: least
+    recently used prefix-cache blocks, then the step's prompt chunks and drafts, then the newest running request is
+    preempted (vLLM's recompute preemption: it gives its KV back, goes to the front of the queue, and later reads its
+    whole context again, which gives the same tokens as if it had never stopped)."""
 
     def __init__(
         self,
@@ -93,17 +108,21 @@ class Scheduler:
         make_drafter: Callable[[], Drafter],
         sequence_options: dict,
         layers: int,
+        kv_tokens: int,
     ):
         self.config, self.draft, self.make_drafter = config, draft, make_drafter
-        self.sequence_options, self.layers = sequence_options, layers
+        self.sequence_options, self.layers, self.kv_tokens = sequence_options, layers, kv_tokens
         self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
         self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
-        self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
+        self.prefix_cache = PrefixCache(min(config.prefix_cache_tokens, kv_tokens // 2))
         self.lock = threading.Lock()  # guards `incoming` (touched by other threads)
         self.incoming: deque[Request] = deque()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.admitted_prompt_tokens = 0
+        self.preemptions = 0
+        self.peak_kv_tokens = 0
+        self._admissions = 0
 
     def take_incoming(self) -> None:
         with self.lock:
@@ -113,7 +132,10 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """Admit waiting requests, then plan the step; None when nothing runs."""
         self._admit()
-        return self._plan() if self.running else None
+        if not self.running:
+            return None
+        plan = self._plan()
+        return plan if plan.ids or plan.failed else None
 
     def remove(self, request: Request) -> None:
         if request in self.running:
@@ -121,28 +143,40 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
 
+    @property
+    def kv_in_use(self) -> int:
+        """Rows of KV held now: the running slots' capacity and the prefix cache."""
+        return sum(r.kv.capacity for r in self.running) + self.prefix_cache.tokens
+
     def _admit(self) -> None:
         self.take_incoming()
         while self.waiting and len(self.running) < self.config.max_sequences:
-            request = self.waiting.popleft()
-            controller = DraftLengthController(costs=self.costs, **self.draft.controller_options())
-            controller.accepted, controller.rejected = self.acceptance.prior()
-            request.seq = SequenceState(
-                request.prompt_ids,
-                self.make_drafter(),
-                controller=controller,
-                sampling=request.params.sampling,
-                max_new_tokens=request.params.max_new_tokens,
-                **request.params.stop_options(),
-                **self.sequence_options,
-            )
-            request.seq.start = request.arrival  # time to first token counts the wait
+            request = self.waiting[0]
+            first_chunk = min(len(request.reading), MIN_CHUNK) + self.draft.max_draft_length + 1
+            if self.running and self.kv_in_use + room_for(first_chunk) > self.kv_tokens:
+                break  # it waits for room; alone it always runs (a request too long for the budget fails in _fit)
+            self.waiting.popleft()
+            if request.seq is None:
+                controller = DraftLengthController(costs=self.costs, **self.draft.controller_options())
+                controller.accepted, controller.rejected = self.acceptance.prior()
+                request.seq = SequenceState(
+                    request.prompt_ids,
+                    self.make_drafter(),
+                    controller=controller,
+                    sampling=request.params.sampling,
+                    max_new_tokens=request.params.max_new_tokens,
+                    **request.params.stop_options(),
+                    **self.sequence_options,
+                )
+                request.seq.start = request.arrival  # time to first token counts the wait
+                self.admitted_prompt_tokens += len(request.prompt_ids)
             request.kv = SequenceKV(self.layers)
-            cached = self.prefix_cache.lookup(request.prompt_ids)
+            cached = self.prefix_cache.lookup(request.reading)
             if cached is not None:
                 request.kv.load(*cached)
+            self._admissions += 1
+            request.admitted = self._admissions
             self.running.append(request)
-            self.admitted_prompt_tokens += len(request.prompt_ids)
 
     def _plan(self) -> StepPlan:
         budget = self.config.max_batch_tokens
@@ -151,21 +185,70 @@ class Scheduler:
             self.running = [r for r in self.running if r not in decoding] + decoding
         reading = any(not r.decoding for r in self.running)
         draft_lengths = [0] * len(decoding) if reading else self._draft_lengths(decoding, budget)
-        plan = StepPlan()
-        for request, k in zip(decoding, draft_lengths):
-            rows = request.seq.propose(k)
-            plan.logits.append(Logits(request, len(plan.ids), len(rows)))
-            plan.add(request, rows, request.kv.length)
-        budget = self._prefill_budget(len(plan.ids), budget) if decoding else budget
+        row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget) if decoding else budget
+        chunks, rows = [], len(decoding) + sum(draft_lengths)
         for request in self.running:
-            if request.decoding or len(plan.ids) >= budget:
+            if not request.decoding and rows < row_budget:
+                n = min(len(request.reading) - request.read, row_budget - rows)
+                chunks.append((request, n))
+                rows += n
+        decoding, draft_lengths, chunks = self._fit(decoding, draft_lengths, chunks)
+        plan = StepPlan()
+        if self._kv_after(decoding, draft_lengths, chunks) > self.kv_tokens:  # one request alone is too long
+            plan.failed += [
+                (r, "it needs more KV memory than the engine's KV budget (kv_cache_bytes)") for r in self.running
+            ]
+            return plan
+        for request, k in zip(decoding, draft_lengths):
+            try:
+                tokens = request.seq.propose(k)
+            except Exception as error:  # a drafter's fault is its request's alone: it leaves, the step goes on
+                plan.failed.append((request, f"the drafter failed: {type(error).__name__}: {error}"))
                 continue
+            plan.logits.append(Logits(request, len(plan.ids), len(tokens)))
+            plan.add(request, tokens, request.kv.length)
+        for request, n in chunks:
             done = request.read
-            n = min(len(request.prompt_ids) - done, budget - len(plan.ids))
-            plan.add(request, request.prompt_ids[done : done + n], done)
-            if done + n == len(request.prompt_ids):
-                plan.logits.append(Logits(request, len(plan.ids) - 1, 1))
+            plan.add(request, request.reading[done : done + n], done)
+            if done + n == len(request.reading):
+                plan.logits.append(Logits(request, len(plan.ids) - 1, 1, read_to_end=True))
+        self.peak_kv_tokens = max(self.peak_kv_tokens, self.kv_in_use)
         return plan
+
+    def _fit(self, decoding, draft_lengths, chunks):
+        """The step's rows, cut down (and requests preempted) until the KV they need fits the bound."""
+        while True:
+            need = self._kv_after(decoding, draft_lengths, chunks)
+            if need <= self.kv_tokens:
+                return decoding, draft_lengths, chunks
+            over = need - self.kv_tokens
+            if self.prefix_cache.tokens:
+                self.prefix_cache.evict(over)
+            elif len(chunks) > 1 or (chunks and decoding):
+                chunks = chunks[:-1]  # the newest prompt waits: streams go on
+            elif any(draft_lengths):
+                draft_lengths = [0] * len(draft_lengths)
+            elif len(self.running) > 1:
+                victim = max(self.running, key=lambda r: r.admitted)
+                self._preempt(victim)
+                decoding = [r for r in decoding if r is not victim]
+                draft_lengths = draft_lengths[: len(decoding)]
+                chunks = [(r, n) for r, n in chunks if r is not victim]
+            else:
+                return decoding, draft_lengths, chunks  # alone and still too long: _plan fails it
+
+    def _kv_after(self, decoding, draft_lengths, chunks) -> int:
+        rows = {id(r): 1 + k for r, k in zip(decoding, draft_lengths)} | {id(r): n for r, n in chunks}
+        return self.prefix_cache.tokens + sum(r.kv.capacity_for(r.kv.length + rows.get(id(r), 0)) for r in self.running)
+
+    def _preempt(self, request: Request) -> None:
+        """Give its KV back; it waits at the front of the queue and will read its context again."""
+        self.running.remove(request)
+        request.kv = None
+        request.reading = list(request.seq.context)
+        request.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(request)
 
     def _prefill_budget(self, decode_rows: int, budget: int) -> int:
         """Rows a step may hold while streams decode: prompt chunks only up to where the measured step cost reaches

@@ -80,6 +80,14 @@ class PrefixCache:
         while self.tokens > self.max_tokens:
             self.blocks.popitem(last=False)
 
+    def evict(self, tokens: int) -> int:
+        """Drop least recently used blocks until `tokens` rows are freed (or the cache is empty); return rows freed."""
+        freed = 0
+        while freed < tokens and self.blocks:
+            self.blocks.popitem(last=False)
+            freed += self.block
+        return freed
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for b in self.blocks.values() for t in b.keys + b.values)

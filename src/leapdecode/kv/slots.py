@@ -68,6 +68,15 @@ class SequenceKV:
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 
+    @property
+    def capacity(self) -> int:
+        """Rows its buffers hold (valid or not): what it costs in memory."""
+        return 0 if self.keys[0] is None else self.keys[0].shape[1]
+
+    def capacity_for(self, need: int) -> int:
+        """Its capacity once `need` rows are written (the growth policy of `write`)."""
+        return self.capacity if need <= self.capacity else room_for(need)
+
     def layers(self) -> list[LayerKV]:
         return [LayerKV(k[None, :, : self.length], v[None, :, : self.length]) for k, v in zip(self.keys, self.values)]
 

@@ -1,0 +1,146 @@
+"""The Engine under a KV budget and under faults: it never holds more KV than its budget (prefix cache first, then
+preemption by recompute), a preempted request still returns exactly its solo output, and a fault that belongs to one
+request ends that request only."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_hf import make_tiny_hf_dir
+
+from leapdecode import generate
+from leapdecode.engine import Engine
+from leapdecode.engine.engine import kv_bytes_per_token
+from leapdecode.models import resolve_model
+
+PROMPTS = [[5 + i, 6 + i, 7 + i, 8, 9 + i] * (2 + i % 3) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return resolve_model(str(make_tiny_hf_dir(tmp_path_factory.mktemp("limits") / "tiny", context=256)))
+
+
+def solo(target, prompt, max_new_tokens, **options):
+    return generate(target, prompt, max_new_tokens=max_new_tokens, **options).token_ids
+
+
+def collect(engine, prompts, max_new_tokens=40, **options):
+    """Run the prompts together; return per prompt (token ids, final output)."""
+    outputs = {}
+    ids = [
+        engine.add_request(
+            p,
+            max_new_tokens=max_new_tokens,
+            on_output=lambda o: outputs.setdefault(o.request_id, []).append(o),
+            **options,
+        )
+        for p in prompts
+    ]
+    steps = 0
+    while engine.has_work:
+        engine.step()
+        steps += 1
+        assert steps < 5000
+    return [([t for o in outputs[rid] for t in o.new_token_ids], outputs[rid][-1]) for rid in ids]
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])
+def test_a_small_kv_budget_is_never_exceeded_and_preemption_loses_nothing(target, drafter):
+    budget_tokens = 300  # a few requests' worth: the others wait or get preempted
+    engine = Engine(
+        target, drafter=drafter, kv_cache_bytes=budget_tokens * kv_bytes_per_token(target.model), prefix_cache_tokens=64
+    )
+    results = collect(engine, PROMPTS, max_new_tokens=100)
+    metrics = engine.metrics()
+    assert metrics["num_preemptions"] > 0  # the budget really bit
+    assert metrics["kv_peak_bytes"] <= metrics["kv_budget_bytes"]
+    for prompt, (tokens, final) in zip(PROMPTS, results):
+        assert final.finish_reason in ("stop", "length") and tokens == solo(target, prompt, 100)
+    assert metrics["kv_bytes"] == 0 and metrics["running"] == 0 and not engine.has_work
+
+
+def test_seeded_sampling_is_reproducible_through_preemption(target):
+    tight = Engine(target, kv_cache_bytes=250 * kv_bytes_per_token(target.model), prefix_cache_tokens=0)
+    roomy = Engine(target)
+    sampled = dict(temperature=1.2, top_k=30, seed=11)
+    squeezed = collect(tight, PROMPTS, max_new_tokens=100, **sampled)
+    assert tight.metrics()["num_preemptions"] > 0
+    assert [t for t, _ in squeezed] == [t for t, _ in collect(roomy, PROMPTS, max_new_tokens=100, **sampled)]
+
+
+def test_a_request_too_long_for_the_budget_fails_alone(target):
+    engine = Engine(target, kv_cache_bytes=100 * kv_bytes_per_token(target.model), prefix_cache_tokens=0)
+    (long_tokens, long_final), (short_tokens, short_final) = collect(engine, [[5, 6, 7] * 60, [5, 6, 7]], 8)
+    assert long_final.finish_reason == "error" and "KV budget" in long_final.error
+    assert short_final.finish_reason in ("stop", "length") and short_tokens == solo(target, [5, 6, 7], 8)
+
+
+class Faulty:
+    """Wraps the engine's drafter factory: drafters of requests whose prompt starts with token 66 raise."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __call__(self):
+        drafter = self.make()
+        propose = drafter.propose
+
+        def faulty(context, k):
+            if context[0] == 66:
+                raise RuntimeError("planted drafter fault")
+            return propose(context, k)
+
+        drafter.propose = faulty
+        return drafter
+
+
+def test_a_drafter_fault_fails_its_request_only(target):
+    engine = Engine(target, drafter="prompt-lookup", draft_length=2, adaptive_draft_length=False)
+    engine.scheduler.make_drafter = Faulty(engine.scheduler.make_drafter)
+    prompts = [PROMPTS[0], [66] + PROMPTS[1], PROMPTS[2]]
+    results = collect(engine, prompts, max_new_tokens=30)
+    assert results[1][1].finish_reason == "error" and "planted drafter fault" in results[1][1].error
+    for i in (0, 2):
+        assert results[i][0] == solo(target, prompts[i], 30)
+    assert engine.metrics()["request_failures"] == 1 and not engine.has_work
+
+
+def test_non_finite_logits_fail_their_request_only(target):
+    engine = Engine(target)
+    forward = engine.executor.forward
+    prompts = [PROMPTS[0], [66] + PROMPTS[1], PROMPTS[2]]
+
+    def poisoned(ids, positions, layout, keep, **kw):
+        """The faulty request's rows come out NaN (as an overflow in its own rows would)."""
+        logits, hidden = forward(ids, positions, layout, keep, **kw)
+        faulty = [r.kv for r in engine.scheduler.running if r.prompt_ids[0] == 66]
+        rows = [s for s in layout.segments if any(s.kv is kv for kv in faulty)]
+        bad = [i for i, row in enumerate(keep.tolist()) if any(s.first_row <= row < s.first_row + s.n for s in rows)]
+        if bad:
+            logits = logits.clone()
+            logits[bad] = float("nan")
+        return logits, hidden
+
+    engine.executor.forward = poisoned
+    results = collect(engine, prompts, max_new_tokens=20)
+    assert results[1][1].finish_reason == "error" and "non-finite" in results[1][1].error
+    for i in (0, 2):
+        assert results[i][0] == solo(target, prompts[i], 20)
+
+
+def test_a_failing_forward_ends_its_step_and_the_engine_goes_on(target):
+    engine = Engine(target)
+    forward, calls = engine.executor.forward, []
+
+    def broken_once(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("planted forward fault")
+        return forward(*args, **kw)
+
+    engine.executor.forward = broken_once
+    first = collect(engine, PROMPTS[:2], max_new_tokens=10)
+    assert [final.finish_reason for _, final in first] == ["error", "error"]
+    assert engine.metrics()["step_failures"] == 1 and engine.metrics()["kv_bytes"] == 0
+    ((tokens, final),) = collect(engine, [PROMPTS[3]], max_new_tokens=10)
+    assert tokens == solo(target, PROMPTS[3], 10)
