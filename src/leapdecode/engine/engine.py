@@ -122,6 +122,10 @@ class Engine:
         return self.target.context_length
 
     @property
+    def max_sequences(self) -> int:
+        return self.scheduler.config.max_sequences
+
+    @property
     def prefix_cache(self):
         return self.scheduler.prefix_cache
 
@@ -265,7 +269,12 @@ class Engine:
                     self._fail(request, f"the step failed: {type(error).__name__}: {error}", outputs)
                 return outputs
             # the whole step, drafting and verification included: what a draft row really costs at this load
-            self.scheduler.costs.record(len(plan.ids), time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self.scheduler.note_peak()
+            self.scheduler.costs.record(len(plan.ids), seconds)
+            if plan.decode_only:
+                tokens = sum(len(a.new) for a in results if a.error is None)
+                self.scheduler.gate.record(len(plan.logits), plan.drafted > 0, tokens, seconds)
             self.counters["steps"] += 1
             for accepted in results:
                 self._update(accepted, outputs)

@@ -22,6 +22,7 @@ from ..kv.prefix_cache import PrefixCache
 from ..kv.slots import Segment, SequenceKV, room_for
 from ..params import DraftConfig
 from ..sequence import SequenceState
+from .gate import SpeculationGate
 from .request import Acceptance, Request
 
 MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode
@@ -77,6 +78,8 @@ class StepPlan:
     segments: list[Segment] = field(default_factory=list)
     logits: list[Logits] = field(default_factory=list)
     failed: list[tuple[Request, str]] = field(default_factory=list)  # requests whose drafter raised: out of the step
+    drafted: int = 0  # draft tokens in the step
+    decode_only: bool = False  # no prompt chunk in the step: its tokens per second measure decoding at this load
 
     def add(self, request: Request, tokens: list[int], past: int) -> None:
         self.segments.append(Segment(request.kv, len(self.ids), len(tokens), past))
@@ -114,6 +117,7 @@ class Scheduler:
         self.sequence_options, self.layers, self.kv_tokens = sequence_options, layers, kv_tokens
         self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
         self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
+        self.gate = SpeculationGate()  # whether drafts have paid at this load, measured
         self.prefix_cache = PrefixCache(min(config.prefix_cache_tokens, kv_tokens // 2))
         self.lock = threading.Lock()  # guards `incoming` (touched by other threads)
         self.incoming: deque[Request] = deque()
@@ -147,6 +151,10 @@ class Scheduler:
     def kv_in_use(self) -> int:
         """Rows of KV held now: the running slots' capacity and the prefix cache."""
         return sum(r.kv.capacity for r in self.running) + self.prefix_cache.tokens
+
+    def note_peak(self) -> None:
+        """Take the KV held now (after a step wrote its rows) into the peak."""
+        self.peak_kv_tokens = max(self.peak_kv_tokens, self.kv_in_use)
 
     def _admit(self) -> None:
         self.take_incoming()
@@ -207,12 +215,13 @@ class Scheduler:
                 continue
             plan.logits.append(Logits(request, len(plan.ids), len(tokens)))
             plan.add(request, tokens, request.kv.length)
+            plan.drafted += len(tokens) - 1
+        plan.decode_only = not chunks
         for request, n in chunks:
             done = request.read
             plan.add(request, request.reading[done : done + n], done)
             if done + n == len(request.reading):
                 plan.logits.append(Logits(request, len(plan.ids) - 1, 1, read_to_end=True))
-        self.peak_kv_tokens = max(self.peak_kv_tokens, self.kv_in_use)
         return plan
 
     def _fit(self, decoding, draft_lengths, chunks):
@@ -238,8 +247,13 @@ class Scheduler:
                 return decoding, draft_lengths, chunks  # alone and still too long: _plan fails it
 
     def _kv_after(self, decoding, draft_lengths, chunks) -> int:
+        """KV rows held once the step has run: the slots grown by their rows, and the prefix cache with the blocks of
+        prompts read to their end in this step (at most; blocks it already holds are not copied again)."""
         rows = {id(r): 1 + k for r, k in zip(decoding, draft_lengths)} | {id(r): n for r, n in chunks}
-        return self.prefix_cache.tokens + sum(r.kv.capacity_for(r.kv.length + rows.get(id(r), 0)) for r in self.running)
+        slots = sum(r.kv.capacity_for(r.kv.length + rows.get(id(r), 0)) for r in self.running)
+        cache = self.prefix_cache
+        blocks = sum(len(r.prompt_ids) // cache.block for r, n in chunks if r.read + n == len(r.reading))
+        return slots + min(cache.max_tokens, cache.tokens + blocks * cache.block)
 
     def _preempt(self, request: Request) -> None:
         """Give its KV back; it waits at the front of the queue and will read its context again."""
@@ -266,7 +280,7 @@ class Scheduler:
     def _draft_lengths(self, decoding: list[Request], row_budget: int) -> list[int]:
         if not self.draft.adaptive_draft_length:
             return [r.seq.controller.demand(r.seq.room).cap for r in decoding]
-        if not self.costs:  # nothing measured yet: a plain step first
+        if not self.costs or not self.gate.allow(len(decoding)):  # nothing measured yet, or drafts have not paid here
             return [0] * len(decoding)
         # drafting time is inside the measured step cost (see Engine.step), so it is not charged again per draft token
         demands = [

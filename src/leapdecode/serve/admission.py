@@ -40,14 +40,8 @@ class Limits:
 
 
 def max_running(engine) -> int:
-    """Requests the engine decodes at once (its max_sequences, wherever this version of the Engine keeps it)."""
-    for path in ("max_sequences", "scheduler.config.max_sequences", "config.max_sequences"):
-        value = engine
-        for part in path.split("."):
-            value = getattr(value, part, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 1
+    """Requests the engine decodes at once."""
+    return engine.max_sequences
 
 
 class Admission:

@@ -76,6 +76,12 @@ def add_serve(sub) -> None:
     p.add_argument("--max-sequences", type=_int, default=32, help="requests decoded at once; more wait")
     p.add_argument("--prefix-cache-tokens", type=_int, default=8192)
     p.add_argument(
+        "--kv-cache-bytes",
+        type=_int,
+        help="most bytes of KV the engine holds (running requests and prefix cache); past it the newest request is "
+        "preempted and recomputed later (default: half the memory available at start)",
+    )
+    p.add_argument(
         "--api-key",
         default=os.environ.get("LEAPDECODE_API_KEY"),
         help="require 'Authorization: Bearer KEY' on /v1 routes (default: $LEAPDECODE_API_KEY, else none)",
@@ -141,6 +147,7 @@ def engine_options(args) -> dict:
         max_batch_tokens=args.max_batch_tokens,
         max_sequences=args.max_sequences,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        kv_cache_bytes=args.kv_cache_bytes,
         drafter_options={"head": args.head} if args.head else None,
     )
 

@@ -108,7 +108,7 @@ class EngineThread:
                 if output.finished:
                     self._queues.pop(output.request_id, None)
             if entry is not None:
-                _deliver(entry, output)
+                _deliver(entry, _failure(output) if output.error is not None else output)
 
         with self._lock:
             rid = self.engine.add_request(prompt, on_output=on_output, **params)
@@ -132,9 +132,13 @@ class EngineThread:
                     continue
                 self.step_started = time.monotonic()
                 try:
+                    failed_steps = self.engine.counters["step_failures"]
                     self.engine.step()
-                    self.failures_in_a_row = 0
-                except Exception as error:  # a bug in a step: fail the requests in flight, keep serving
+                    if self.engine.counters["step_failures"] > failed_steps:  # the engine ended that step's requests
+                        self._note_failure()
+                    else:
+                        self.failures_in_a_row = 0
+                except Exception as error:  # a bug outside the engine's own isolation: fail what is in flight
                     self._fail(error)
                 finally:
                     self.step_started = None
@@ -156,10 +160,13 @@ class EngineThread:
         except Exception:
             log.debug("metrics snapshot skipped", exc_info=True)
 
-    def _fail(self, error: Exception) -> None:
+    def _note_failure(self) -> None:
         self.failures += 1
         self.failures_in_a_row += 1
         self.last_failure = time.monotonic()
+
+    def _fail(self, error: Exception) -> None:
+        self._note_failure()
         eid = error_id()
         log.error("engine step failed (%s): %s: %s", eid, type(error).__name__, error, exc_info=error)
         self._fail_all(f"the engine failed on this request (error id {eid}; the server log has the details)")
@@ -174,6 +181,16 @@ class EngineThread:
                 self.engine.cancel(rid)
             except Exception:
                 log.exception("cancel after a failed step")
+
+
+def _failure(output) -> StepFailure:
+    """A request the engine ended with an error (its own fault, or a failed step): the client gets an id to quote, the
+    reason goes to the log under it."""
+    eid = error_id()
+    log.error("request %d failed (%s): %s", output.request_id, eid, output.error)
+    return StepFailure(
+        output.request_id, f"the engine failed on this request (error id {eid}; the server log has the details)"
+    )
 
 
 def _deliver(entry, item) -> None:

@@ -98,6 +98,8 @@ ENGINE_COUNTERS = {
         "Speculative decoding: draft tokens accepted.",
     ),
     "steps": ("leapdecode:engine_steps", "Engine steps (one batched forward each)."),
+    "num_preemptions": ("vllm:num_preemptions", "Requests preempted (KV given back, context recomputed later)."),
+    "request_failures": ("leapdecode:request_failures", "Requests ended by a fault of their own (others went on)."),
 }
 ENGINE_GAUGES = {
     "running": ("vllm:num_requests_running", "Requests being decoded."),
@@ -105,6 +107,8 @@ ENGINE_GAUGES = {
     "kv_tokens": ("leapdecode:kv_cache_tokens", "KV cache positions held by running requests."),
     "kv_bytes": ("leapdecode:kv_cache_bytes", "Bytes of KV cache held by running requests."),
     "prefix_cache_tokens": ("leapdecode:prefix_cache_tokens", "Tokens kept in the prompt prefix cache."),
+    "kv_budget_bytes": ("leapdecode:kv_cache_budget_bytes", "The most bytes of KV the engine may hold."),
+    "kv_peak_bytes": ("leapdecode:kv_cache_peak_bytes", "The most bytes of KV the engine has held (slots + prefix)."),
 }
 
 
