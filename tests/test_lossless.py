@@ -267,3 +267,25 @@ def test_near_tie_check_rejects_a_decisive_difference(undecided):
     with torch.no_grad():
         tied.lm_head.weight[int(top2.indices[j, 1])] = tied.lm_head.weight[reference[j]]
     assert unexplained_difference(tied, prompt, swapped, reference) is None
+
+
+def test_speculation_stops_at_the_context_limit_where_plain_decoding_does(models):
+    """A step emits one token more than it drafts: a draft may only fill the context up to one short of its limit, or
+    the last step runs one token past where plain decoding stops (seen with a drafter that always drafts)."""
+    target = models["llama"]["target"]
+    for context_length in range(8, 16):
+        lengths = set()
+        for drafter in (make_drafter("none"), make_drafter("draft-model", draft_model=target, confidence=0.0)):
+            out, stats = decode(
+                Runner(target),
+                [1, 2, 3, 4],
+                drafter,
+                sampling=SamplingConfig(),
+                controller=DraftLengthController(k_init=4, adaptive=False),
+                max_new_tokens=50,
+                eos_ids=set(),
+                context_length=context_length,
+            )
+            assert stats.stop_reason == "context" and out == hf_greedy(target, [1, 2, 3, 4], len(out), None)
+            lengths.add(4 + len(out))
+        assert lengths == {context_length}, (context_length, lengths)

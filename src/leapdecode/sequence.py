@@ -69,8 +69,9 @@ class SequenceState:
 
     @property
     def room(self) -> int:
-        """The most draft tokens the next step may verify (past it, output or context would be full)."""
-        return max(0, min(self.max_new_tokens - len(self.out) - 1, self.context_length - len(self.context)))
+        """The most draft tokens the next step may verify (past it, output or context would be full): a step emits at
+        most one token more than it drafts, so output and context each keep room for that one."""
+        return max(0, min(self.max_new_tokens - len(self.out), self.context_length - len(self.context)) - 1)
 
     def accept(
         self,
