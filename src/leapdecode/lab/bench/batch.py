@@ -3,8 +3,9 @@
 For each concurrency C, the suite's first turns (cycled to `--requests`) are decoded with at most C in flight: a new
 request is sent whenever one finishes (a closed loop, as `vllm bench serve --max-concurrency` does). Methods:
 `hf-generate` (HF `generate`, one request at a time), `hf-generate-batch` (HF's own continuous batching,
-`generate_batch`, same max batch tokens and C requests per batch), `engine` (leapdecode's Engine, speculation off)
-and `engine-<drafter>` (speculation on). Per run: output tokens/s over the whole run, requests/s, and per request
+`generate_batch`, same max batch tokens and C requests per batch), `engine` (leapdecode's Engine, speculation off),
+`engine-<drafter>` (speculation on) and the optional peer `openvino-cb` (OpenVINO GenAI's ContinuousBatchingPipeline
+in the same closed loop, in a process of its own: peers.py). Per run: output tokens/s over the whole run, requests/s, and per request
 time to first token (TTFT), time per output token after the first (TPOT) and end-to-end latency, p50/p99. Every
 greedy output is compared with the same request decoded alone by HF `generate`; a difference is reported with the
 target's top-2 logit margin at the first differing token (a rounding tie, or a bug).
@@ -23,9 +24,10 @@ from ...engine import Engine
 from ...errors import require
 from ..report_kit import markdown_table, meta_lines, pyplot
 from .methods import _FirstTokenTimer, divergence, first_difference, truncate_at_eos
+from .peers import BATCH_PEER_METHODS
 
 DRAFTERS = ("prompt-lookup", "ngram", "head", "select", "draft-model")
-METHODS = ("hf-generate", "hf-generate-batch", "engine", *(f"engine-{d}" for d in DRAFTERS))
+METHODS = ("hf-generate", "hf-generate-batch", "engine", *(f"engine-{d}" for d in DRAFTERS), *BATCH_PEER_METHODS)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -227,6 +229,7 @@ def write_outputs(out: pathlib.Path, meta: dict, rows: list[dict], notes: list[s
         "e2e p50 / p99 (s)",
         "tokens / forward (per sequence)",
         "identical to solo greedy",
+        "peak RSS MiB",
     ]
     plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["method"] == "engine"}
     table = []
@@ -246,6 +249,7 @@ def write_outputs(out: pathlib.Path, meta: dict, rows: list[dict], notes: list[s
                 f"{fmt(r['e2e_p50'], '.2f')} / {fmt(r['e2e_p99'], '.2f')}",
                 fmt(per_forward, ".2f"),
                 f"{r.get('identical', '–')} of {len(r['tokens'])}",
+                fmt(r.get("peak_rss_mb"), ".0f"),
             ]
         )
     lines = [

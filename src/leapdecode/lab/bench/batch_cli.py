@@ -8,8 +8,19 @@ import pathlib
 from ...errors import require
 from ...models.registry import DEFAULT_MODEL
 from ..report_kit import environment, markdown_table, meta_lines
-from .batch import METHODS, check_against, run_engine, run_hf_generate, run_hf_generate_batch, write_outputs
+from .batch import (
+    METHODS,
+    _record,
+    check_against,
+    run_engine,
+    run_hf_generate,
+    run_hf_generate_batch,
+    write_outputs,
+)
 from .cli import _ints, _names
+from .methods import peak_rss_mb, truncate_at_eos
+from .peer_export import ensure_ir
+from .peers import BATCH_PEER_METHODS, check_available, describe_cb, run_cb
 
 
 def cmd_bench_batch(args: argparse.Namespace) -> int:
@@ -31,6 +42,8 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in METHODS]
     require(not unknown, f"unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
     require("engine-draft-model" not in methods or args.draft_model, "engine-draft-model needs --draft-model")
+    if any(m in BATCH_PEER_METHODS for m in methods):
+        check_available()  # one line naming the extra to install, before any model is loaded
     concurrency = _ints(args.concurrency, "--concurrency")
     if args.threads is not None:
         require(args.threads > 0, f"--threads must be positive, got {args.threads}")
@@ -60,6 +73,8 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     }
     notes: list[str] = []
     rows: list[dict] = []
+    if any(m in BATCH_PEER_METHODS for m in methods):
+        ensure_ir(target, console)  # the one-off conversion, before the progress bar
     runs = [(m, c) for m in methods for c in (concurrency if m != "hf-generate" else concurrency[:1])]
     with Progress(console=console, disable=args.no_progress) as progress:
         task = progress.add_task("bench-batch", total=len(runs) + 1)
@@ -67,14 +82,19 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
         progress.advance(task)
         for method, c in runs:
             progress.update(task, description=f"{method} @ {c}")
-            record = _run(method, c, target, draft, prompts, args, notes, warmup)
+            record = _run(method, c, target, draft, prompts, args, notes, warmup, console)
             if record is not None:
+                record.setdefault("peak_rss_mb", peak_rss_mb())
                 check_against(target, prompts, reference["tokens"], record)
                 rows += [
                     dict(record, method=method, concurrency=cc)
                     for cc in (concurrency if method == "hf-generate" else [c])
                 ]
             progress.advance(task)
+    notes.append(
+        "peak RSS: peak resident memory (VmHWM) of the process that ran the method: the bench process for HF's and leapdecode's methods "
+        "(one process, so it includes everything that ran before), a fresh process per run for a peer"
+    )
     paths = write_outputs(pathlib.Path(args.out), meta, rows, notes)
     for r in rows:
         console.print(
@@ -84,7 +104,8 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
     console.print("wrote " + ", ".join(map(str, paths)))
-    return 3 if args.fail_on_mismatch and any(r["mismatches"] for r in rows) else 0
+    ours = [r for r in rows if r["method"] not in BATCH_PEER_METHODS]  # a peer that differs is shown, never fails us
+    return 3 if args.fail_on_mismatch and any(r["mismatches"] for r in ours) else 0
 
 
 def _scenario(args, target, questions, prompts, console) -> int:
@@ -133,7 +154,26 @@ def _cell(value) -> str:
     return "–" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _run(method: str, c: int, target, draft, prompts, args, notes: list[str], warmup=()) -> dict | None:
+def _run(method: str, c: int, target, draft, prompts, args, notes: list[str], warmup=(), console=None) -> dict | None:
+    if method == "openvino-cb":
+        import torch
+
+        answer, info = run_cb(
+            target,
+            prompts,
+            c,
+            args.max_new_tokens,
+            threads=torch.get_num_threads(),
+            max_batch_tokens=args.max_batch_tokens,
+            warmup=warmup,
+            console=console,
+        )
+        note = describe_cb(info, args.max_batch_tokens)
+        if note not in notes:
+            notes.append(note)
+        tokens = [truncate_at_eos(t, target.eos_token_ids) for t in answer["tokens"]]
+        record = _record(tokens, answer["sent"], answer["first"], answer["end"], answer["wall"], {})
+        return dict(record, peak_rss_mb=answer["peak_rss_mb"])
     if method == "hf-generate":
         return run_hf_generate(target, prompts, args.max_new_tokens)
     if method == "hf-generate-batch":

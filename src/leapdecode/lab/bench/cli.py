@@ -11,6 +11,7 @@ import argparse
 from ...errors import LeapDecodeError, require
 from ...models.registry import DEFAULT_MODEL
 from .methods import METHODS, NEEDS_DRAFT_MODEL, SWEEPABLE, parse_methods
+from .peers import PEER_METHODS
 
 DEFAULTS = {"quick": {"max_new_tokens": 32, "repeats": 1}, "other": {"max_new_tokens": 128, "repeats": 3}}
 
@@ -110,14 +111,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if "@" in label and label != s["oracle_best"]:
             continue
         speed = "" if row["speedup"] is None else f"  {row['speedup']:.2f}×"
+        per_forward = "   –" if row["mean_accepted_tokens"] is None else f"{row['mean_accepted_tokens']:.2f}"
+        rss = "" if row.get("peak_rss_mb") is None else f"  peak RSS {row['peak_rss_mb']:.0f} MiB"
         console.print(
-            f"  {label:<18} {row['tokens_per_second']:7.2f} tok/s{speed}  "
-            f"{row['mean_accepted_tokens']:.2f} tok/forward  identical {100 * row['identical_share']:.0f} %"
+            f"  {label:<22} {row['tokens_per_second']:7.2f} tok/s{speed}  "
+            f"{per_forward} tok/forward  identical {100 * row['identical_share']:.0f} %{rss}",
+            soft_wrap=True,
         )
     if s["mismatched_outputs"]:
         console.print(
             f"[bold red]MISMATCH: {s['mismatched_outputs']} of {s['outputs']} outputs differ from greedy "
             f"— see the top of {result.report}[/]"
+        )
+    if s.get("peer_mismatched_outputs"):
+        console.print(
+            f"[yellow]peers: {s['peer_mismatched_outputs']} of {s['peer_outputs']} outputs differ from greedy "
+            f"— see {result.report}[/]"
         )
     console.print(f"wrote {result.results}, {result.report}" + "".join(f", {p}" for p in result.plots))
     return 3 if s["mismatched_outputs"] and args.fail_on_mismatch else 0
@@ -136,7 +145,11 @@ def register(subparsers) -> argparse.ArgumentParser:
         help=f"target model: packaged name, directory, .gguf or cached hub id (default: {DEFAULT_MODEL})",
     )
     p.add_argument("--draft-model", help="draft model for hf-assisted and draft-model (same tokenizer)")
-    p.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)} (default: all that apply)")
+    p.add_argument(
+        "--methods",
+        help=f"comma-separated, from {', '.join(METHODS)} (default: all that apply), and the optional peers "
+        f"{', '.join(PEER_METHODS)} (OpenVINO GenAI: pip install 'leapdecode[peers]')",
+    )
     p.add_argument(
         "--suite",
         default="quick",

@@ -3,10 +3,12 @@ max_new_tokens; each returns a `Measurement` (new token ids, wall time, time to 
 
 HF methods call `model.generate`; leapdecode methods call the public `leapdecode.generate`, as a user would;
 `bare-forward` is the floor for plain decoding: the Runner's forward and an argmax per token, nothing else.
+Peers (`openvino`, `openvino-prompt-lookup`, optional) run OpenVINO GenAI in a process of their own (see peers.py).
 """
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -16,11 +18,13 @@ from ...api import generate
 from ...drafters import OracleDrafter
 from ...errors import LeapDecodeError, require
 from ...runner import Runner
+from .peers import PEER_METHODS, check_available
 
 HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 LEAP_METHODS = ("none", "prompt-lookup", "ngram", "draft-model", "head", "select", "oracle")
 FLOOR_METHOD = "bare-forward"
-METHODS = HF_METHODS + LEAP_METHODS + (FLOOR_METHOD,)
+METHODS = HF_METHODS + LEAP_METHODS + (FLOOR_METHOD,)  # ours and HF's; the optional peers are PEER_METHODS
+ALL_METHODS = METHODS + PEER_METHODS
 NEEDS_DRAFT_MODEL = ("hf-assisted", "draft-model")
 SWEEPABLE = ("prompt-lookup", "ngram", "draft-model", "oracle")  # leapdecode drafters with a draft length k
 
@@ -44,6 +48,7 @@ class Measurement:
     time_to_first_token: float  # seconds from the call to the first new token
     forward_passes: int  # target forwards, prefill included
     engine: dict = field(default_factory=dict)  # leapdecode's own GenerationStats (leapdecode methods only)
+    peak_rss_mb: float | None = None  # peak RSS of the process that ran it (the bench's own, or a peer's worker)
 
 
 @dataclass
@@ -58,6 +63,7 @@ class BenchContext:
     hf_prompt_lookup_tokens: int = 10
     packed_weights: bool = True
     head: str | None = None  # draft head directory for method 'head' (default: the target's shipped head)
+    peers: "Peers | None" = None  # noqa: F821 - started peer workers (peers.Peers), for the peer methods
 
     @property
     def eos_ids(self) -> list[int]:
@@ -69,9 +75,11 @@ def parse_methods(text: str, has_draft: bool) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
     require(names, "--methods is empty")
     for m in names:
-        require(m in METHODS, f"unknown method '{m}': choose from {', '.join(METHODS)}")
+        require(m in ALL_METHODS, f"unknown method '{m}': choose from {', '.join(ALL_METHODS)}")
         require(has_draft or m not in NEEDS_DRAFT_MODEL, f"method '{m}' needs a draft model: add --draft-model NAME")
     require(len(set(names)) == len(names), "--methods lists a method twice")
+    if any(m in PEER_METHODS for m in names):
+        check_available()  # one line naming the extra to install, before any model is loaded
     return names
 
 
@@ -195,6 +203,34 @@ def run_bare_forward(ctx: BenchContext, prompt_ids: list[int]) -> Measurement:
     return Measurement(tokens, time.perf_counter() - start, first, len(tokens))
 
 
+def run_peer(ctx: BenchContext, variant: Variant, prompt_ids: list[int], messages: list[dict]) -> Measurement:
+    """A peer (OpenVINO GenAI) on our prompt token ids; its worker also checks that its own tokenizer reads the
+    templated prompt as the same ids. Wall time and TTFT are measured in the worker around its generate call."""
+    require(ctx.peers is not None, f"method '{variant.method}' needs its peer started (run_benchmark does it)")
+    tok = ctx.target.tokenizer
+    text = (
+        tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if getattr(tok, "chat_template", None)
+        else None
+    )
+    answer = ctx.peers.generate(variant.method, prompt_ids, text, ctx.max_new_tokens, ctx.eos_ids)
+    tokens = truncate_at_eos(answer["tokens"], set(ctx.eos_ids))
+    return Measurement(tokens, answer["wall"], answer["ttft"], 0, peak_rss_mb=answer["peak_rss_mb"])
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS in MiB: VmHWM where /proc has it (ru_maxrss would carry a parent's larger peak
+    across fork and exec), else ru_maxrss. peer_worker.py has its own copy (it imports no leapdecode)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def run_variant(
     ctx: BenchContext,
     variant: Variant,
@@ -203,13 +239,18 @@ def run_variant(
     reference: list[int] | None,
     store_key: str = "bench",
 ) -> Measurement:
+    if variant.method in PEER_METHODS:
+        return run_peer(ctx, variant, prompt_ids, messages)
     if variant.method in HF_METHODS:
-        return run_hf(ctx, variant, prompt_ids)
-    if variant.method in LEAP_METHODS:
-        return run_leap(ctx, variant, messages, reference, store_key)
-    if variant.method == FLOOR_METHOD:
-        return run_bare_forward(ctx, prompt_ids)
-    raise LeapDecodeError(f"unknown method '{variant.method}': choose from {', '.join(METHODS)}")
+        m = run_hf(ctx, variant, prompt_ids)
+    elif variant.method in LEAP_METHODS:
+        m = run_leap(ctx, variant, messages, reference, store_key)
+    elif variant.method == FLOOR_METHOD:
+        m = run_bare_forward(ctx, prompt_ids)
+    else:
+        raise LeapDecodeError(f"unknown method '{variant.method}': choose from {', '.join(ALL_METHODS)}")
+    m.peak_rss_mb = peak_rss_mb()
+    return m
 
 
 def first_difference(reference: list[int], tokens: list[int]) -> int | None:

@@ -12,6 +12,7 @@ from collections import defaultdict
 from ..report_kit import markdown_table
 from .forward_cost import cost_table
 from .methods import FLOOR_METHOD
+from .peers import is_peer
 from .splits import split_groups, split_section
 from .suites import CATEGORY_TITLES
 
@@ -33,8 +34,14 @@ def medians(records: list[dict]) -> dict[tuple, dict]:
             "time_to_first_token": statistics.median(r["time_to_first_token"] for r in rs),
             "forward_passes": statistics.median(r["forward_passes"] for r in rs),
             "identical": all(r["identical"] for r in rs),
+            "peak_rss_mb": _max(r.get("peak_rss_mb") for r in rs),
         }
     return out
+
+
+def _max(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
 
 
 def _aggregate(items: list[dict]) -> dict:
@@ -46,10 +53,11 @@ def _aggregate(items: list[dict]) -> dict:
         "new_tokens": tokens,
         "time": round(time, 4),
         "tokens_per_second": round(tokens / time, 3) if time > 0 else 0.0,
-        "mean_accepted_tokens": round(tokens / forwards, 3) if forwards else 0.0,
+        "mean_accepted_tokens": round(tokens / forwards, 3) if forwards else None,  # None: not counted (peers)
         "forward_passes": forwards,
         "time_to_first_token": round(statistics.median(i["time_to_first_token"] for i in items), 4),
         "identical_share": round(sum(i["identical"] for i in items) / len(items), 4),
+        "peak_rss_mb": _max(i.get("peak_rss_mb") for i in items),
     }
 
 
@@ -75,7 +83,7 @@ def summarize(run: dict) -> dict:
         for row in rows.values():
             row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
             row["pct_of_oracle"] = round(100 * row["tokens_per_second"] / ceiling, 1) if ceiling else None
-    mismatches = [r for r in run["records"] if not r["identical"]]
+    mismatches = [r for r in run["records"] if not r["identical"] and not is_peer(r["method"])]
     floor, plain = table["overall"].get(FLOOR_METHOD), table["overall"].get("none")
     overhead = (
         round(floor["tokens_per_second"] / plain["tokens_per_second"] - 1, 4)
@@ -88,8 +96,10 @@ def summarize(run: dict) -> dict:
         "categories": categories,
         "groups": table,
         "none_time_per_token_over_floor": overhead,
-        "mismatched_outputs": len(mismatches),
-        "outputs": len(run["records"]),
+        "mismatched_outputs": len(mismatches),  # leapdecode's and HF's methods: meant to be lossless
+        "outputs": len([r for r in run["records"] if not is_peer(r["method"])]),
+        "peer_mismatched_outputs": sum(not r["identical"] for r in run["records"] if is_peer(r["method"])),
+        "peer_outputs": sum(is_peer(r["method"]) for r in run["records"]),
         "splits": split_groups(med, labels, baseline, _aggregate),
     }
 
@@ -120,6 +130,7 @@ def _table(rows: dict[str, dict], labels: list[str], baseline: str | None, best:
         "target forwards",
         "TTFT ms (median)",
         "identical to greedy",
+        "peak RSS MiB",
     ]
     body = []
     for label in labels:
@@ -127,32 +138,39 @@ def _table(rows: dict[str, dict], labels: list[str], baseline: str | None, best:
             continue
         r = rows[label]
         name = f"oracle (k={label.split('@')[1]}, ceiling)" if label == best else label
-        same = f"{100 * r['identical_share']:.0f} %" + ("" if r["identical_share"] == 1 else " ❌ **MISMATCH**")
+        differs = " ❌ **differs** (peer)" if is_peer(label) else " ❌ **MISMATCH**"
+        same = f"{100 * r['identical_share']:.0f} %" + ("" if r["identical_share"] == 1 else differs)
+        counted = r["mean_accepted_tokens"] is not None
         body.append(
             [
                 name,
                 f"{r['tokens_per_second']:.2f}",
                 f"{_fmt(r['speedup'], '.2f')}×",
                 f"{_fmt(r['pct_of_oracle'], '.0f')} %",
-                f"{r['mean_accepted_tokens']:.2f}",
-                f"{r['forward_passes']:.0f}",
+                f"{r['mean_accepted_tokens']:.2f}" if counted else "–",
+                f"{r['forward_passes']:.0f}" if counted else "–",
                 f"{1000 * r['time_to_first_token']:.0f}",
                 same,
+                _fmt(r.get("peak_rss_mb"), ".0f"),
             ]
         )
     return markdown_table(header, body)
 
 
 def _mismatch_section(run: dict, summary: dict) -> list[str]:
-    bad = [r for r in run["records"] if not r["identical"]]
+    bad = [r for r in run["records"] if not r["identical"] and not is_peer(r["method"])]
+    peers = _peer_section(run, summary)
     if not bad:
+        n_peers = summary.get("peer_outputs", 0)
+        same_peers = n_peers - summary.get("peer_mismatched_outputs", 0)
         return [
             "## Losslessness",
             "",
-            f"All {summary['outputs']} measured outputs are identical to the greedy "
-            "reference (HF `generate`, greedy). ✅",
+            f"All {summary['outputs']} measured outputs{' of HF and leapdecode methods' if n_peers else ''} are "
+            "identical to the greedy reference (HF `generate`, greedy). ✅"
+            + (f" Peers: {same_peers} of {n_peers} outputs identical." if n_peers else ""),
             "",
-        ]
+        ] + peers
     lines = [
         "## ❌❌ MISMATCH: OUTPUTS DIFFER FROM GREEDY ❌❌",
         "",
@@ -163,6 +181,28 @@ def _mismatch_section(run: dict, summary: dict) -> list[str]:
         "one is a bug):",
         "",
     ]
+    return lines + _divergence_table(bad, "**LIKELY BUG**") + [""] + peers
+
+
+def _peer_section(run: dict, summary: dict) -> list[str]:
+    """Peers' outputs that are not the greedy reference: shown, with the same first-difference table (a peer is
+    another runtime, so a difference beyond a tie is its numerics, not our bug)."""
+    bad = [r for r in run["records"] if not r["identical"] and is_peer(r["method"])]
+    if not bad:
+        return []
+    return [
+        "## ❌ Peers whose outputs differ from greedy",
+        "",
+        f"**{len(bad)} of {summary['peer_outputs']} outputs of peer runtimes are not token for token the greedy "
+        "reference** (their tok/s counts the tokens they produced). First difference of each (question, turn, peer), "
+        "with the target's top-2 logit margin there:",
+        "",
+        *_divergence_table(bad, "beyond a tie"),
+        "",
+    ]
+
+
+def _divergence_table(bad: list[dict], beyond: str) -> list[str]:
     counts: dict[tuple, int] = defaultdict(int)
     first: dict[tuple, dict] = {}
     for r in bad:
@@ -174,10 +214,10 @@ def _mismatch_section(run: dict, summary: dict) -> list[str]:
     for key, n in counts.items():
         d = first.get(key, {})
         margin = d.get("top2_margin")
-        verdict = "–" if margin is None else ("numerical tie" if margin <= d["tie_margin"] else "**LIKELY BUG**")
+        verdict = "–" if margin is None else ("numerical tie" if margin <= d["tie_margin"] else beyond)
         rows.append([key[0], key[1], key[2] + 1, n, d.get("position", "–"), _fmt(margin, ".4g"), verdict])
     header = ["method", "question", "turn", "repeats differing", "first differing token", "top-2 margin", "verdict"]
-    return lines + markdown_table(header, rows, align="--rrrr-") + [""]
+    return markdown_table(header, rows, align="--rrrr-")
 
 
 def _sweep_section(run: dict, summary: dict) -> list[str]:
@@ -246,6 +286,12 @@ def write_report(out: pathlib.Path, meta: dict, run: dict, summary: dict, plots:
         f"- **{FLOOR_METHOD}**: prefill, then one single-token forward with the warm KV cache and an argmax "
         "per token, in a bare loop: the floor for plain decoding.",
         "- **identical to greedy**: share of turns whose output equals the reference in every repeat.",
+        "- **peak RSS MiB**: peak resident memory (VmHWM) of the process that ran the method: the bench process itself for HF's and "
+        "leapdecode's methods (one process for all of them, so it is the peak of everything that ran before too: "
+        "the HF model, the packed weights, every drafter), the peer's own worker process for a peer.",
+        "- **peers** (`openvino`, `openvino-prompt-lookup`): OpenVINO GenAI in a process of its own, fed the same "
+        "prompt token ids; wall time and TTFT measured in that process around its `generate` call (TTFT from its "
+        "perf metrics). It does not report target forwards (–).",
         "",
     ]
     path = out / "report.md"

@@ -16,6 +16,7 @@ from ...prompt import encode_prompt
 from ..report_kit import environment, other_load, oversubscribed
 from .forward_cost import forward_costs
 from .methods import BenchContext
+from .peers import Peers
 from .plots import plot_draft_length, plot_speedup
 from .report import main_rows, summarize, write_report, write_results
 from .runner import BenchConfig, run_suite
@@ -101,7 +102,8 @@ def run_benchmark(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LeapDecodeError(f"cannot create output directory {out}: {e.strerror or e}") from None
-    ctx = BenchContext(target=target, draft=draft, packed_weights=cfg.packed_weights, head=cfg.head)
+    peers = Peers().start(cfg.methods, target, torch.get_num_threads(), console)  # converts the model once
+    ctx = BenchContext(target=target, draft=draft, packed_weights=cfg.packed_weights, head=cfg.head, peers=peers)
     setup = machine_setup(ctx, cfg, suite, questions)
     from transformers.utils import logging as tlog
 
@@ -117,6 +119,8 @@ def run_benchmark(
         run["forward_cost_context"] = len(context) + len(first["token_ids"])
     finally:
         tlog.set_verbosity(level)
+        peers.close()
+    setup.update({f"peer {method}": text for method, text in peers.describe().items()})
     summary = summarize(run)
     if cfg.packed_weights:
         from ...kernels import describe_kernels, kernel_table

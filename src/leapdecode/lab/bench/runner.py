@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ...errors import require
 from ...prompt import encode_prompt
 from .methods import SWEEPABLE, BenchContext, Measurement, Variant, divergence, first_difference, run_hf, run_variant
+from .peers import is_peer
 from .suites import Question
 
 
@@ -181,6 +182,7 @@ def _record(q: Question, turn: int, v: Variant, repeat: int, order: int, m: Meas
         "time_to_first_token": round(m.time_to_first_token, 6),
         "forward_passes": m.forward_passes,
         "identical": identical,
+        "peak_rss_mb": None if m.peak_rss_mb is None else round(m.peak_rss_mb, 1),
     }
     if m.engine:
         rec["engine"] = {
@@ -196,6 +198,7 @@ def _record(q: Question, turn: int, v: Variant, repeat: int, order: int, m: Meas
 def _warn(console, rec: dict) -> None:
     d = rec.get("divergence", {})
     console.print(
-        f"[bold red]MISMATCH[/] {rec['variant']} on question {rec['question_id']} turn {rec['turn'] + 1}: "
+        ("[yellow]peer differs[/]" if is_peer(rec["method"]) else "[bold red]MISMATCH[/]")
+        + f" {rec['variant']} on question {rec['question_id']} turn {rec['turn'] + 1}: "
         f"differs from greedy at token {d.get('position')} (target top-2 margin {d.get('top2_margin')})"
     )

@@ -1,0 +1,244 @@
+"""Peers in our own benchmarks: OpenVINO GenAI, the CPU runtime our users would pick instead, measured on the same
+prompt token ids, max new tokens, threads and greedy decoding as leapdecode's methods, its outputs compared with the
+same HF greedy reference.
+
+- `bench --methods ...,openvino,openvino-prompt-lookup`: `LLMPipeline`, plain and with prompt lookup
+  (num_assistant_tokens 4, max_ngram_size 4), one process per method kept for the whole suite.
+- `bench-batch --methods ...,openvino-cb`: `ContinuousBatchingPipeline` in the same closed loop as the engine, one
+  process per run.
+
+OpenVINO runs in a worker process (`peer_worker.py`, no torch in it): its peak RSS is its own, and its thread pool
+never shares a process with torch's. The IR comes from `peer_export.py` (once, cached). Inference precision is f32
+(INFERENCE_PRECISION_HINT) and so is the KV cache (KV_CACHE_PRECISION) unless `kv_cache` says otherwise; the report
+states both and OpenVINO's own defaults on the host. Optional: `pip install 'leapdecode[peers]'`.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from ...errors import LeapDecodeError
+from .peer_export import INSTALL_HINT, OPTIMUM_INTEL, ensure_ir, openvino_version
+
+PEER_METHODS = ("openvino", "openvino-prompt-lookup")  # bench (one stream)
+BATCH_PEER_METHODS = ("openvino-cb",)  # bench-batch
+PROMPT_LOOKUP = {"num_assistant_tokens": 4, "max_ngram_size": 4}
+CB_CACHE_GB = 2  # the KV cache ContinuousBatchingPipeline allocates (SchedulerConfig.cache_size)
+WORKER = pathlib.Path(__file__).with_name("peer_worker.py")
+
+
+def is_peer(method: str) -> bool:
+    return method in PEER_METHODS or method in BATCH_PEER_METHODS
+
+
+def check_available() -> str:
+    """OpenVINO's version; a one-line LeapDecodeError naming the extra to install when OpenVINO GenAI is absent."""
+    import importlib.util
+
+    if importlib.util.find_spec("openvino_genai") is None:
+        raise LeapDecodeError(f"the OpenVINO peer methods need OpenVINO GenAI: {INSTALL_HINT}")
+    return openvino_version()
+
+
+class PeerWorker:
+    """One OpenVINO GenAI pipeline in its own process; `call(op, **fields)` sends a request and returns the answer."""
+
+    def __init__(self, command: list[str] | None = None):
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            command or [sys.executable, str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            bufsize=1,
+        )
+        self.peak_rss_mb: float | None = None
+
+    def call(self, op: str, **fields) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            raise LeapDecodeError(f"the OpenVINO worker exited during '{op}': {self._stderr_tail()}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise LeapDecodeError(f"OpenVINO GenAI failed during '{op}': {answer['error']}")
+        self.peak_rss_mb = answer.get("peak_rss_mb", self.peak_rss_mb)
+        return answer
+
+    def _stderr_tail(self) -> str:
+        self.log.seek(0)
+        lines = [x.strip() for x in self.log.read().splitlines() if x.strip()]
+        return lines[-1] if lines else f"exit status {self.proc.poll()}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@dataclass
+class Peers:
+    """The peer workers of one `bench` run, started before the suite (conversion included), closed after it."""
+
+    ir: pathlib.Path | None = None
+    threads: int = 1
+    kv_cache: str = "f32"
+    workers: dict[str, PeerWorker] = field(default_factory=dict)
+    info: dict[str, dict] = field(default_factory=dict)  # method -> what its load answered
+    tokenizer_checks: dict[str, dict[tuple, bool]] = field(default_factory=dict)  # method -> prompt -> same ids
+
+    def start(self, methods: list[str], target, threads: int, console=None) -> Peers:
+        wanted = [m for m in methods if m in PEER_METHODS]
+        if not wanted:
+            return self
+        check_available()
+        self.ir, self.threads = ensure_ir(target, console), threads
+        try:
+            for method in wanted:
+                worker = PeerWorker()
+                self.workers[method] = worker
+                self.info[method] = worker.call(
+                    "load",
+                    ir=str(self.ir),
+                    kind="llm",
+                    threads=threads,
+                    kv_cache=self.kv_cache,
+                    prompt_lookup=method == "openvino-prompt-lookup",
+                )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def generate(self, method: str, prompt_ids: list[int], text: str | None, max_new_tokens: int, eos_ids) -> dict:
+        if method not in self.workers:
+            raise LeapDecodeError(f"peer '{method}' was not started (Peers.start runs before the suite)")
+        extra = PROMPT_LOOKUP if method == "openvino-prompt-lookup" else {}
+        checks = self.tokenizer_checks.setdefault(method, {})
+        key = tuple(prompt_ids)
+        answer = self.workers[method].call(
+            "generate",
+            ids=prompt_ids,
+            text=None if key in checks else text,  # each distinct prompt checked once
+            max_new_tokens=max_new_tokens,
+            stop_ids=list(eos_ids),
+            **extra,
+        )
+        if answer.get("tokenizer_ids_match") is not None:
+            checks[key] = bool(answer["tokenizer_ids_match"])
+        return answer
+
+    def describe(self) -> dict[str, str]:
+        """Report lines: what each peer ran, with which precisions, and whether the prompts matched our ids."""
+        out = {}
+        for method, info in self.info.items():
+            checks = list(self.tokenizer_checks.get(method, {}).values())
+            defaults = info["cpu_defaults"]
+            out[method] = (
+                f"OpenVINO GenAI {info['openvino_genai'].split('-')[0]} (OpenVINO {info['openvino'].split('-')[0]}) "
+                f"LLMPipeline{' with prompt_lookup=True, ' + _pl() if 'prompt-lookup' in method else ''}, "
+                f"own process; IR {self.ir.name} from {OPTIMUM_INTEL} (fp32 weights); "
+                f"INFERENCE_NUM_THREADS {info['properties']['INFERENCE_NUM_THREADS']}, inference precision "
+                f"{info['properties']['INFERENCE_PRECISION_HINT']}, KV cache {info['properties']['KV_CACHE_PRECISION']} "
+                f"(OpenVINO's defaults on this CPU: {_short(defaults['INFERENCE_PRECISION_HINT'])} inference, "
+                f"{_short(defaults['KV_CACHE_PRECISION'])} KV cache); fed our prompt token ids, and OpenVINO's own "
+                f"tokenizer reads the templated prompt as the same ids on {sum(checks)} of {len(checks)} distinct "
+                "prompts (warm-up included)"
+            )
+        return out
+
+    def peak_rss_mb(self, method: str) -> float | None:
+        worker = self.workers.get(method)
+        return worker.peak_rss_mb if worker else None
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+
+
+def _pl() -> str:
+    return ", ".join(f"{k} {v}" for k, v in PROMPT_LOOKUP.items())
+
+
+def _short(precision: str) -> str:
+    """OpenVINO's type names as people write them: <Type: 'uint8_t'> -> u8."""
+    names = {"uint8": "u8", "bfloat16": "bf16", "float16": "f16", "float32": "f32", "f32": "f32", "u4": "u4"}
+    for key, short in names.items():
+        if key in precision:
+            return short
+    return precision
+
+
+def run_cb(
+    target,
+    prompts: list[list[int]],
+    concurrency: int,
+    max_new_tokens: int,
+    *,
+    threads: int,
+    max_batch_tokens: int = 256,
+    warmup=(),
+    kv_cache: str = "f32",
+    console=None,
+) -> tuple[dict, dict]:
+    """`bench-batch`'s openvino-cb: a fresh ContinuousBatchingPipeline in a fresh process, `warmup` served untimed,
+    then the closed loop of at most `concurrency` requests in flight. Returns (timings as batch._record wants them,
+    load info)."""
+    check_available()
+    ir = ensure_ir(target, console)
+    worker = PeerWorker()
+    try:
+        info = worker.call(
+            "load",
+            ir=str(ir),
+            kind="cb",
+            threads=threads,
+            kv_cache=kv_cache,
+            scheduler={
+                "cache_size": CB_CACHE_GB,
+                "max_num_batched_tokens": max_batch_tokens,
+                "max_num_seqs": concurrency,
+                "dynamic_split_fuse": True,
+            },
+        )
+        answer = worker.call(
+            "batch",
+            prompts=prompts,
+            warmup=list(warmup),
+            concurrency=concurrency,
+            max_new_tokens=max_new_tokens,
+            stop_ids=list(target.eos_token_ids),
+        )
+    finally:
+        worker.close()
+    info["ir"] = ir.name
+    return answer, info
+
+
+def describe_cb(info: dict, max_batch_tokens: int) -> str:
+    """The note bench-batch prints under its table for openvino-cb."""
+    props, defaults = info["properties"], info["cpu_defaults"]
+    return (
+        f"openvino-cb: OpenVINO GenAI {info['openvino_genai'].split('-')[0]} ContinuousBatchingPipeline, own "
+        f"process per run (peak RSS is that process's), IR {info['ir']} from {OPTIMUM_INTEL} (fp32 weights); "
+        f"SchedulerConfig cache_size {CB_CACHE_GB} GB, dynamic_split_fuse, max_num_batched_tokens {max_batch_tokens}, "
+        f"max_num_seqs C; INFERENCE_NUM_THREADS {props['INFERENCE_NUM_THREADS']}, inference precision "
+        f"{props['INFERENCE_PRECISION_HINT']}, KV cache {props['KV_CACHE_PRECISION']} (OpenVINO's defaults on this "
+        f"CPU: {_short(defaults['INFERENCE_PRECISION_HINT'])} inference, {_short(defaults['KV_CACHE_PRECISION'])} "
+        "KV cache); fed our prompt token ids"
+    )
