@@ -211,7 +211,7 @@ BAD = [
     ("/v1/completions", {"model": "tiny", "prompt": "hello", "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {"model": "tiny", "prompt": LONG}, 400, "prompt"),
     ("/v1/completions", {"model": "tiny", "prompt": ""}, 400, "prompt"),
-    ("/v1/completions", {"model": "tiny", "prompt": "hello", "logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hello", "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {"model": "tiny", "prompt": "hello", "stop": [""]}, 400, "stop"),
     ("/v1/completions", {"model": "tiny", "prompt": "hello", "n": 0}, 400, "n"),
     ("/v1/completions", {"model": "tiny"}, 400, "prompt"),

@@ -148,7 +148,7 @@ REFUSED = [
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ("/v1/chat/completions", {"echo": True}, "echo"),
     ("/v1/chat/completions", {"chat_template": "{{ 1 }}"}, "chat_template"),
     ("/v1/chat/completions", {"reasoning_effort": "high"}, "reasoning_effort"),
@@ -159,7 +159,7 @@ REFUSED = [
     ),
     ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/completions", {"suffix": "x"}, "suffix"),
-    ("/v1/completions", {"logprobs": 2}, "logprobs"),
+    ("/v1/completions", {"logprobs": 2, "echo": True}, "echo"),  # the prompt's logprobs are not computed
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
     ("/v1/completions", {"presence_penalty": 0.5}, "presence_penalty"),
     ("/v1/completions", {"repetition_penalty": 1.2}, "repetition_penalty"),

@@ -26,6 +26,9 @@ FINISH_REASONS = {
 }
 
 
+MAX_LOGPROBS = 20  # top alternatives a request may ask for (OpenAI's and vLLM's default limit)
+
+
 def finish_reason(stop_reason: str) -> str:
     return FINISH_REASONS[stop_reason]
 
@@ -44,7 +47,10 @@ class RequestParams:
     sent as is, without the chat template. As vLLM has them: `min_p` (sampling drops tokens less likely than min_p
     times the most likely one), `stop_token_ids` (tokens that end the output, kept in it like the end of sequence),
     `ignore_eos` (the end-of-sequence token ends nothing), `min_tokens` (the end of sequence and the stop token ids
-    cannot be produced before this many tokens: the sampled distribution excludes them there)."""
+    cannot be produced before this many tokens: the sampled distribution excludes them there). `logprobs`: report,
+    for every output token, its log-probability and that of the `logprobs` most likely tokens (0: the chosen token's
+    only; None: none) under the target model's raw distribution (log_softmax of its logits, before temperature and
+    any filter or mask, as vLLM's default `raw_logprobs`)."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -57,6 +63,7 @@ class RequestParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    logprobs: int | None = None
     sampling: SamplingConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +94,10 @@ class RequestParams:
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_new_tokens,
             f"min_tokens must be an integer in [0, max_new_tokens={self.max_new_tokens}], got {self.min_tokens!r}",
         )
+        require(
+            self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+            f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+        )
         sampling = SamplingConfig(
             temperature=float(self.temperature),
             top_k=self.top_k,
@@ -97,8 +108,14 @@ class RequestParams:
         object.__setattr__(self, "sampling", sampling)
 
     def stop_options(self) -> dict:
-        """SequenceState's keyword arguments for where the output may and must end (besides max_new_tokens)."""
-        return dict(min_tokens=self.min_tokens, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
+        """SequenceState's keyword arguments for where the output may and must end (besides max_new_tokens), and
+        the logprobs it reports."""
+        return dict(
+            min_tokens=self.min_tokens,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs,
+        )
 
     @classmethod
     def of(cls, params: RequestParams | None = None, **options) -> RequestParams:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +21,16 @@ from .drafters.base import EMPTY, Draft, Drafter
 from .sampling import SamplingConfig, generator_at, probabilities
 from .stats import GenerationStats
 from .verify import greedy_accept, speculative_accept
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One output token's log-probability under the target's raw distribution (log_softmax of the logits row that
+    decided it, before temperature, filters and masks), and the `top` most likely tokens' (most likely first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class SequenceState:
@@ -38,10 +49,12 @@ class SequenceState:
         min_tokens: int = 0,
         stop_token_ids=(),
         ignore_eos: bool = False,
+        logprobs: int | None = None,
     ):
         """`eos_ids`: the model's end of sequence; `stop_token_ids` end the output too (kept in it, as EOS is);
         `ignore_eos`: EOS ends nothing; `min_tokens`: no stop token (EOS unless ignored, stop_token_ids) can be
-        produced at output positions before it (masked out of the distribution there, greedy or sampled)."""
+        produced at output positions before it (masked out of the distribution there, greedy or sampled);
+        `logprobs`: keep a TokenLogprobs with that many top alternatives for every output token (None: none)."""
         if not sampling.greedy:  # one seed for the whole request, drawn now if none was given
             sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
         self.prompt_ids = list(prompt_ids)
@@ -51,6 +64,8 @@ class SequenceState:
         self.min_tokens = min_tokens
         self.context = list(prompt_ids)
         self.out: list[int] = []
+        self.num_logprobs = logprobs
+        self.logprobs: list[TokenLogprobs] = []  # aligned with `out` when num_logprobs is not None
         self.draft: Draft = EMPTY
         self.draft_seconds = 0.0
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
@@ -65,7 +80,8 @@ class SequenceState:
     def argmax_only(self) -> bool:
         """Whether the next forward's logits are read only through their argmax (greedy, nothing masked), so the
         output head may be argmax-only."""
-        return self.sampling.greedy and not (self.stop_ids and len(self.out) < self.min_tokens)
+        masked = self.stop_ids and len(self.out) < self.min_tokens
+        return self.sampling.greedy and not masked and self.num_logprobs is None
 
     @property
     def room(self) -> int:
@@ -84,11 +100,14 @@ class SequenceState:
         drafted positions to roll back). `hidden`: the final-norm features of those rows (draft heads read them).
         The forward's size and time feed the controller when one sequence owns the whole forward."""
         draft = self.draft
+        raw = logits
         logits = _suppress(logits, self.stop_ids, self.min_tokens - len(self.out))
         new = _verify(draft, logits, self.sampling, len(self.out))
         accepted = len(new) - 1
         self.controller.update(len(draft.tokens), accepted, forward_tokens, forward_seconds, self.draft_seconds)
         new = _truncate(new, self.stop_ids, self.max_new_tokens - len(self.out))
+        if self.num_logprobs is not None:
+            self.logprobs += token_logprobs(raw[: len(new)], new, self.num_logprobs)
         self.out += new
         self.context += new
         stats = self.stats
@@ -126,6 +145,19 @@ class SequenceState:
         self.stats.new_tokens = len(self.out)
         self.stats.total_time = time.perf_counter() - self.start
         return self.stats
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprobs]:
+    """Row i of `logits` decided tokens[i]: its logprob and the `top` most likely tokens', from log_softmax in fp32."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    rows = torch.arange(len(tokens), device=logprobs.device)
+    chosen = logprobs[rows, torch.tensor(tokens, dtype=torch.long, device=logprobs.device)].tolist()
+    if top:
+        values, ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [()] * len(tokens)
+    return [TokenLogprobs(t, lp, alt) for t, lp, alt in zip(tokens, chosen, tops)]
 
 
 def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, done: int) -> list[int]:

@@ -19,6 +19,7 @@ def request_output(accepted: Accepted) -> RequestOutput:
     used = request.text.push(new)
     if request.text.stopped:  # a stop string ended the request at this step's token number `used`
         del seq.out[len(seq.out) - len(new) + used :]
+        del seq.logprobs[len(seq.out) :]  # aligned with out (empty when the request asked for none)
         new = new[:used]
         seq.stats.stop_reason = "stop"
     finished = seq.finished
@@ -30,6 +31,7 @@ def request_output(accepted: Accepted) -> RequestOutput:
         finish_reason(seq.stats.stop_reason) if finished else None,
         len(request.prompt_ids),
         seq.finish() if finished else None,
+        logprobs=None if seq.num_logprobs is None else seq.logprobs[len(seq.out) - len(new) :],
     )
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..controller import DECAY
 from ..kv.slots import SequenceKV
 from ..params import RequestParams
-from ..sequence import SequenceState
+from ..sequence import SequenceState, TokenLogprobs
 from ..stats import GenerationStats
 from .text import TextStream
 
@@ -18,7 +18,8 @@ from .text import TextStream
 class RequestOutput:
     """What one step produced for one request. `text` is the new text (never a stop string); the last output of a
     request has `finished`, its `finish_reason` ("stop", "length" or "abort", see params.FINISH_REASONS) and its
-    `stats`; a request that failed has finish_reason "error" and the reason in `error`."""
+    `stats`; a request that failed has finish_reason "error" and the reason in `error`. `logprobs`: one
+    TokenLogprobs per new token when the request asked for them (RequestParams.logprobs), else None."""
 
     request_id: int
     new_token_ids: list[int]
@@ -28,6 +29,7 @@ class RequestOutput:
     prompt_tokens: int
     stats: GenerationStats | None = None
     error: str | None = None  # set (with finish_reason "error") when this request failed; others went on
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class Request:

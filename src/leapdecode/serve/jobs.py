@@ -71,6 +71,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         min_tokens=body.min_tokens or 0,
                         stop_token_ids=tuple(body.stop_token_ids or ()),
                         ignore_eos=bool(body.ignore_eos),
+                        logprobs=body.num_logprobs(),
                     ),
                 )
             )

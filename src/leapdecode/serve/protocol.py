@@ -82,6 +82,9 @@ class _Common(BaseModel):
         """Engine requests this call becomes: prompts x n."""
         return self.n
 
+    def num_logprobs(self) -> int | None:
+        return None
+
 
 class CompletionRequest(_Common):
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
@@ -89,9 +92,13 @@ class CompletionRequest(_Common):
     logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
 
     def unsupported(self):
-        if self.logprobs is not None:
-            return "logprobs", "logprobs are not supported by this server yet"
+        if self.logprobs is not None and self.echo:
+            return "echo", "echo with logprobs is not supported (the prompt's logprobs are not computed)"
         return super().unsupported()
+
+    def num_logprobs(self) -> int | None:
+        """Top alternatives per output token the engine reports (None: no logprobs)."""
+        return self.logprobs
 
     def sequences(self) -> int:
         p = self.prompt
@@ -134,9 +141,13 @@ class ChatCompletionRequest(_Common):
     top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
 
     def unsupported(self):
-        if self.logprobs or self.top_logprobs:
-            return "logprobs", "logprobs are not supported by this server yet"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs set to true"
         return super().unsupported()
+
+    def num_logprobs(self) -> int | None:
+        """Top alternatives per output token the engine reports (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat(self) -> list[dict]:
         out = []

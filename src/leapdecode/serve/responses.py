@@ -22,6 +22,11 @@ from .protocol import APIError, usage
 POLL_SECONDS = 0.5  # how often a waiting request looks at the engine thread's health and its deadlines
 
 
+def _finite(logprob: float) -> float:
+    """JSON has no -inf: a token the model rules out gets vLLM's floor."""
+    return max(logprob, -9999.0)
+
+
 def _reason(finish_reason: str | None) -> str | None:
     return "abort" if finish_reason == "cancelled" else finish_reason
 
@@ -56,6 +61,9 @@ class Run:
         self.seen = [False] * len(jobs)  # whether each choice had an output (so it left the queue)
         self.tokens = [0] * len(jobs)
         self.stats = [None] * len(jobs)
+        self.num_logprobs = body.num_logprobs()  # None: the call asked for no logprobs
+        self.logprobs: list[list] = [[] for _ in jobs]  # each choice's TokenLogprobs so far
+        self.offsets = [0] * len(jobs)  # completions' text_offset: characters of the choice's tokens so far
         self.failure: APIError | None = None
         limits = state.admission.limits
         self.queue_deadline = arrival + limits.queue_timeout if limits.queue_timeout else None
@@ -167,6 +175,39 @@ class Run:
             "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         }
 
+    async def _logprobs(self, i: int, entries) -> dict | None:
+        """OpenAI's logprobs object for these output tokens of choice i (chat: `content`; completions: `tokens`,
+        `token_logprobs`, `top_logprobs`, `text_offset`), or None when the call asked for none."""
+        if self.num_logprobs is None:
+            return None
+        entries = entries or []
+        ids = [e.token for e in entries] + [t for e in entries for t, _ in e.top]
+        strings = await self.state.tokenizers.token_strings(ids)
+        n = self.num_logprobs
+        if self.chat:
+
+            def item(token: int, logprob: float) -> dict:
+                text = strings[token]
+                return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+            content = [
+                {**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:n]]} for e in entries
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(self.offsets[i])
+            self.offsets[i] += len(strings[e.token])
+        return {
+            "tokens": [strings[e.token] for e in entries],
+            "token_logprobs": [_finite(e.logprob) for e in entries],
+            # vLLM's shape: the chosen token, then the n most likely (a dict: up to n + 1 entries)
+            "top_logprobs": [
+                {strings[t]: _finite(lp) for t, lp in ((e.token, e.logprob), *e.top[:n])} for e in entries
+            ],
+            "text_offset": offsets,
+        }
+
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
         return {
@@ -182,6 +223,7 @@ class Run:
         reasons: list = [None] * len(self.jobs)
         async for i, out in self._all():
             texts[i].append(out.text)
+            self.logprobs[i] += out.logprobs or []
             if out.finished:
                 reasons[i] = _reason(out.finish_reason)
         if self.failure:
@@ -189,17 +231,18 @@ class Run:
         choices = []
         for i, parts in enumerate(texts):
             text = "".join(parts)
+            logprobs = await self._logprobs(i, self.logprobs[i])
             if self.chat:
                 choices.append(
                     {
                         "index": i,
                         "message": {"role": "assistant", "content": text, "refusal": None},
-                        "logprobs": None,
+                        "logprobs": logprobs,
                         "finish_reason": reasons[i],
                     }
                 )
             else:
-                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reasons[i]})
+                choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reasons[i]})
         return {
             **self._head(False),
             "choices": choices,
@@ -207,12 +250,14 @@ class Run:
             "leapdecode": self._spec(range(len(self.jobs))),
         }
 
-    def _chunk(self, i: int, text: str | None, reason: str | None, role: bool = False) -> dict:
+    def _chunk(
+        self, i: int, text: str | None, reason: str | None, role: bool = False, logprobs: dict | None = None
+    ) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+            choice = {"index": i, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         chunk = {**self._head(True), "choices": [choice]}
         if self.include_usage:
             chunk["usage"] = None
@@ -232,13 +277,15 @@ class Run:
             elif job["echo"]:
                 yield sse(self._chunk(i, job["echo"], None))
         async for i, out in self._all():
+            # a step's tokens carry their logprobs even when their text is held back (a possible stop string)
+            logprobs = await self._logprobs(i, out.logprobs) if out.logprobs else None
             if out.finished:
                 reason = _reason(out.finish_reason)
-                chunk = self._chunk(i, out.text or (None if self.chat else ""), reason)
+                chunk = self._chunk(i, out.text or (None if self.chat else ""), reason, logprobs=logprobs)
                 chunk["leapdecode"] = {"index": i, **self._spec([i])}
                 yield sse(chunk)
-            elif out.text:
-                yield sse(self._chunk(i, out.text, None))
+            elif out.text or logprobs:
+                yield sse(self._chunk(i, out.text, None, logprobs=logprobs))
         if self.failure:
             yield sse(self.failure.body())
         elif self.include_usage:

@@ -34,6 +34,7 @@ class TokenizerPool:
             self._free.put(tokenizer_copy)
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="leapdecode-tokenize")
         self.vocab = len(tokenizer)
+        self.strings: dict[int, str] = {}  # token id -> its text (logprobs), filled as needed, on the event loop
 
     async def run(self, fn, *args) -> Any:
         """`fn(tokenizer, *args)` on a worker thread with a tokenizer no other thread uses meanwhile."""
@@ -45,6 +46,14 @@ class TokenizerPool:
             return fn(tokenizer, *args)
         finally:
             self._free.put(tokenizer)
+
+    async def token_strings(self, ids) -> dict[int, str]:
+        """The text of each token alone (special tokens spelled out, as vLLM's logprobs show them)."""
+        missing = sorted(set(ids) - set(self.strings))
+        if missing:
+            texts = await self.run(lambda tok: [tok.decode([t], skip_special_tokens=False) for t in missing])
+            self.strings.update(zip(missing, texts))
+        return self.strings
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
