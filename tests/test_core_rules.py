@@ -1,0 +1,405 @@
+"""Unit proofs of the rules the losslessness guarantee rests on, fast enough to run for every mutant of a mutation run
+(scripts: see CONTRIBUTING, "Mutation testing"): greedy and speculative acceptance (verify.py), the sampling
+distribution and per-position randomness (sampling.py), the step rule of one request (sequence.py), a sequence's KV
+slot and the flat-batch attention (kv/slots.py) and the batch draft planner (controller.plan_draft_lengths)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leapdecode.controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
+from leapdecode.drafters.base import EMPTY, Draft, Drafter
+from leapdecode.errors import LeapDecodeError
+from leapdecode.kv.slots import FlatBatch, Segment, SequenceKV
+from leapdecode.sampling import SamplingConfig, generator_at, probabilities
+from leapdecode.sequence import SequenceState
+from leapdecode.verify import _sample, greedy_accept, speculative_accept
+
+# ------------------------------------------------------------------ greedy_accept
+
+
+def one_hot_logits(tokens: list[int], vocab: int = 12) -> torch.Tensor:
+    logits = torch.zeros(len(tokens), vocab)
+    logits[torch.arange(len(tokens)), torch.tensor(tokens)] = 5.0
+    return logits
+
+
+@pytest.mark.parametrize(
+    "draft, target, expected",
+    [
+        ([], [3], [3]),
+        ([1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4]),  # all accepted, plus the target's own next token
+        ([1, 5, 3], [1, 2, 3, 4], [1, 2]),  # the first mismatch ends the step, with the target's token there
+        ([6, 2, 3], [1, 2, 3, 4], [1]),  # rows after a mismatch count for nothing, even where they match
+        ([1, 2, 7], [1, 2, 3, 4], [1, 2, 3]),
+    ],
+)
+def test_greedy_accept_is_the_longest_matching_prefix_plus_the_targets_token(draft, target, expected):
+    assert greedy_accept(torch.tensor(draft, dtype=torch.long), one_hot_logits(target)) == expected
+
+
+def test_greedy_accept_breaks_exact_ties_at_the_first_index_as_argmax_does():
+    logits = torch.zeros(2, 6)
+    logits[:, [2, 4]] = 1.0  # an exact tie between tokens 2 and 4 in both rows
+    assert greedy_accept(torch.tensor([4]), logits) == [2]
+    assert greedy_accept(torch.tensor([2]), logits) == [2, 2]
+
+
+# ------------------------------------------------------------------ speculative_accept, _sample
+
+
+def generators(seed: int, n: int) -> list[torch.Generator]:
+    return [generator_at(seed, i) for i in range(n)]
+
+
+def test_one_hot_drafts_emit_exactly_the_tokens_plain_sampling_draws_at_each_position():
+    """q = one-hot: y_i ~ p_i from row i's own generator; accepted while y_i == draft[i]; the first differing y_i
+    ends the step; after k accepted, the bonus is drawn from row k's generator."""
+    torch.manual_seed(0)
+    p = torch.softmax(torch.randn(5, 7) * 2, -1)
+    for seed in range(60):
+        plain = [_sample(p[i], g) for i, g in enumerate(generators(seed, 5))]
+        for k in range(5):
+            draft = torch.tensor(plain[:k])
+            draft_probs = None
+            assert speculative_accept(draft, draft_probs, p, generators(seed, k + 1)) == plain[: k + 1]
+            if k:
+                wrong = draft.clone()
+                wrong[k - 1] = (wrong[k - 1] + 1) % 7
+                assert speculative_accept(wrong, None, p, generators(seed, k + 1)) == plain[:k]
+
+
+def test_a_draft_with_q_equal_to_p_is_always_accepted_and_the_bonus_comes_from_the_last_row():
+    torch.manual_seed(1)
+    p = torch.softmax(torch.randn(4, 6), -1)
+    for seed in range(40):
+        draft = torch.multinomial(p[0], 3, replacement=True)
+        out = speculative_accept(draft, p[:3].clone(), p, generators(seed, 4))
+        assert out[:3] == draft.tolist() and len(out) == 4
+        assert out[3] == _sample(p[3], generators(seed, 4)[3])
+
+
+def test_a_token_the_target_cannot_produce_is_never_accepted_and_never_resampled():
+    p = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.7, 0.1, 0.1, 0.1]])
+    for seed in range(100):
+        out = speculative_accept(torch.tensor([0]), q, p, generators(seed, 2))
+        assert len(out) == 1 and out[0] in (1, 2)
+
+
+def test_a_rejection_resamples_from_the_residual_max_p_minus_q():
+    """p = (.5, .5, 0), q = (.9, .1, 0) on draft token 0: accepted with probability .5/.9; the residual is (0, .4, 0),
+    so a rejection always yields token 1, never token 0 (p alone would give 0 half the time)."""
+    p = torch.tensor([[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    q = torch.tensor([[0.9, 0.1, 0.0]])
+    accepted = 0
+    for seed in range(400):
+        out = speculative_accept(torch.tensor([0]), q, p, generators(seed, 2))
+        if len(out) == 2:
+            accepted += 1
+            assert out[0] == 0
+        else:
+            assert out == [1]
+    assert 400 * 0.45 < accepted < 400 * 0.66  # 5/9 of 400 = 222
+
+
+def test_each_row_draws_only_from_its_own_generator():
+    """Row i's acceptance uses generators[i]: replacing the generator of a row it never reaches changes nothing;
+    replacing the one of the row that decides changes the law."""
+    p = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
+    q = torch.tensor([[0.9, 0.1], [0.9, 0.1]])
+    for seed in range(30):
+        gens = generators(seed, 3)
+        out = speculative_accept(torch.tensor([0, 0]), q, p, gens)
+        if len(out) == 1:  # decided at row 0: rows 1 and 2 were never drawn from
+            assert gens[1].get_state().equal(generator_at(seed, 1).get_state())
+            assert gens[2].get_state().equal(generator_at(seed, 2).get_state())
+
+
+def test_residual_of_zero_mass_falls_back_to_p():
+    p = torch.tensor([[0.0, 1.0], [0.5, 0.5]])
+    q = torch.tensor([[0.0, 1.0]])
+    for seed in range(20):
+        assert speculative_accept(torch.tensor([1]), q, p, generators(seed, 2))[0] == 1
+
+
+def test_sample_draws_in_proportion_to_the_weights_and_never_a_zero_weight():
+    weights = torch.tensor([0.0, 1.0, 3.0, 0.0])
+    counts = torch.zeros(4)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4000):
+        counts[_sample(weights, gen)] += 1
+    assert counts[0] == counts[3] == 0
+    assert 0.70 < counts[2] / 4000 < 0.80
+    assert _sample(torch.tensor([0.0, 0.0, 2.0]), gen) == 2
+
+
+# ------------------------------------------------------------------ sampling
+
+
+def test_sampling_config_checks_and_seeds():
+    for bad in (dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)):
+        with pytest.raises(LeapDecodeError):
+            SamplingConfig(**bad)
+    SamplingConfig(temperature=0.0, top_p=1.0, top_k=0)  # the edges are allowed
+    assert SamplingConfig().greedy and not SamplingConfig(temperature=0.5).greedy
+    assert SamplingConfig(temperature=1.0, seed=7).request_seed() == 7
+    assert SamplingConfig(temperature=1.0, seed=0).request_seed() == 0
+    assert len({SamplingConfig(temperature=1.0).request_seed() for _ in range(5)}) == 5
+
+
+def test_generator_at_is_keyed_by_seed_position_and_stream():
+    def draw(*key):
+        return torch.rand(4, generator=generator_at(*key)).tolist()
+
+    assert draw(3, 5) == draw(3, 5) == draw(3, 5, 0)
+    assert len({tuple(draw(*key)) for key in ((3, 5), (3, 6), (4, 5), (3, 5, 1))}) == 4
+
+
+def test_probabilities_apply_temperature_top_k_and_top_p():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    assert torch.allclose(probabilities(logits, SamplingConfig(temperature=1.0)), logits.softmax(-1))
+    assert torch.allclose(probabilities(logits, SamplingConfig(temperature=0.5)), (logits / 0.5).softmax(-1))
+    top2 = probabilities(logits, SamplingConfig(temperature=1.0, top_k=2))
+    assert torch.allclose(top2, torch.tensor([[2.0, 1.0]]).softmax(-1).new_tensor([[*top2[0, :2].tolist(), 0, 0]]))
+    assert top2[0, 2] == top2[0, 3] == 0 and torch.allclose(top2[0, :2], logits[0, :2].softmax(-1))
+    assert torch.equal(probabilities(logits, SamplingConfig(temperature=1.0, top_k=4)) > 0, torch.ones(1, 4) > 0)
+    nucleus = probabilities(logits, SamplingConfig(temperature=1.0, top_p=0.7))  # .64 alone is short of .7
+    assert (nucleus > 0).tolist() == [[True, True, False, False]]
+    assert probabilities(logits, SamplingConfig(temperature=1.0, top_p=0.6)).tolist()[0][0] == 1.0
+    assert probabilities(logits, SamplingConfig(temperature=1.0)).dtype == torch.float32
+
+
+# ------------------------------------------------------------------ SequenceState
+
+
+class ScriptedDrafter(Drafter):
+    """Proposes the tokens given, records what it was told."""
+
+    name = "scripted"
+
+    def __init__(self, tokens=(), probs=None):
+        self.tokens, self.probs, self.observed, self.started = list(tokens), probs, [], None
+
+    def start(self, prompt_ids, sampling):
+        self.started = (list(prompt_ids), sampling)
+
+    def propose(self, context, k):
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k]) if self.tokens else EMPTY
+
+    def observe(self, context, n_new):
+        self.observed.append((list(context), n_new))
+
+
+def state(drafter=None, max_new=10, context=100, eos=(), prompt=(1, 2, 3), sampling=None):
+    return SequenceState(
+        list(prompt),
+        drafter or ScriptedDrafter(),
+        sampling=sampling or SamplingConfig(),
+        controller=DraftLengthController(k_init=4, adaptive=False),
+        max_new_tokens=max_new,
+        eos_ids=set(eos),
+        context_length=context,
+    )
+
+
+def test_room_leaves_space_for_the_steps_own_token():
+    assert state(max_new=10, context=100).room == 9
+    assert state(max_new=1).room == 0
+    assert state(max_new=10, context=5).room == 1  # 3 prompt tokens: one draft plus its bonus fill 5
+    assert state(max_new=10, context=4).room == 0
+    assert state(max_new=10, context=3).room == 0  # never negative
+
+
+def test_a_greedy_step_takes_the_accepted_prefix_and_reports_the_rollback():
+    drafter = ScriptedDrafter([7, 8, 9])
+    seq = state(drafter)
+    assert drafter.started[0] == [1, 2, 3]
+    new, rollback = seq.accept(one_hot_logits([6]))  # the prefill's logits: no draft
+    assert (new, rollback) == ([6], 0) and seq.out == [6] and seq.context == [1, 2, 3, 6]
+    assert seq.propose(2) == [6, 7, 8]  # the last token plus a draft of at most k
+    new, rollback = seq.accept(one_hot_logits([7, 5, 1]))
+    assert (new, rollback) == ([7, 5], 1) and seq.out == [6, 7, 5] and seq.context == [1, 2, 3, 6, 7, 5]
+    s = seq.stats
+    assert (s.forward_passes, s.drafted_tokens, s.accepted_draft_tokens, s.accepted_per_step) == (2, 2, 1, [1, 2])
+    assert s.new_tokens == 3 and s.stop_reason == "" and not seq.finished
+    assert drafter.observed == [([1, 2, 3, 6], 1), ([1, 2, 3, 6, 7, 5], 2)]
+    assert seq.draft is EMPTY  # a step's draft is used once
+
+
+def test_propose_is_capped_by_room_and_keeps_probs_aligned():
+    probs = torch.eye(12)[[7, 0, 1]]
+    seq = state(ScriptedDrafter([7, 0, 1], probs=probs), max_new=3)
+    seq.accept(one_hot_logits([6]))
+    assert seq.room == 1 and seq.propose(4) == [6, 7]
+    assert seq.draft.tokens == [7] and torch.equal(seq.draft.probs, probs[:1])
+    seq.accept(one_hot_logits([7, 2]))
+    assert seq.out == [6, 7, 2] and seq.stats.stop_reason == "length" and seq.finished
+    assert seq.propose(4) == [2] and seq.draft.tokens == []  # no room: nothing drafted
+
+
+def test_eos_ends_the_output_inside_a_step_and_is_kept():
+    drafter = ScriptedDrafter([4, 9, 5])
+    seq = state(drafter, eos={9})
+    seq.accept(one_hot_logits([3]))
+    seq.propose(3)
+    new, rollback = seq.accept(one_hot_logits([4, 9, 5, 1]))
+    assert new == [4, 9] and seq.out == [3, 4, 9] and seq.stats.stop_reason == "eos"
+    assert rollback == 0 and seq.stats.accepted_draft_tokens == 2
+    assert len(drafter.observed) == 1  # a finished request's drafter learns nothing more
+
+
+def test_max_new_tokens_and_the_context_stop_a_request_where_plain_decoding_does():
+    seq = state(ScriptedDrafter([4, 4, 4, 4]), max_new=3)
+    seq.accept(one_hot_logits([4]))
+    seq.propose(4)
+    new, _ = seq.accept(one_hot_logits([4, 4, 4]))
+    assert seq.out == [4, 4, 4] and new == [4, 4] and seq.stats.stop_reason == "length"
+    seq = state(ScriptedDrafter([4, 4, 4, 4]), context=6)
+    seq.accept(one_hot_logits([4]))
+    seq.propose(4)
+    seq.accept(one_hot_logits([4, 4, 4]))
+    assert len(seq.context) == 6 and seq.stats.stop_reason == "context"
+
+
+def test_the_first_step_sets_time_to_first_token_once_and_finish_closes_the_record():
+    seq = state(max_new=5)
+    seq.accept(one_hot_logits([1]))
+    first = seq.stats.time_to_first_token
+    assert first > 0
+    seq.propose(0)
+    seq.accept(one_hot_logits([2]))
+    assert seq.stats.time_to_first_token == first
+    stats = seq.finish("abort")
+    assert stats.stop_reason == "abort" and stats.new_tokens == 2 and stats.total_time > 0
+    assert seq.finish().stop_reason == "abort"  # no reason: the one set stays
+
+
+def test_a_sampled_step_decides_output_position_j_with_generator_j():
+    """With a one-hot draft, the tokens are plain sampling's: row i of a step that starts at output position n uses
+    generator_at(seed, n + i)."""
+    logits = torch.randn(6, 8)
+    cfg = SamplingConfig(temperature=1.0, seed=5)
+    p = probabilities(logits, cfg)
+    plain = [_sample(p[j], generator_at(5, j)) for j in range(6)]
+    seq = state(ScriptedDrafter(plain[1:4]), sampling=cfg, max_new=20)
+    assert seq.sampling.seed == 5
+    assert seq.accept(logits[:1])[0] == plain[:1]
+    seq.propose(3)
+    assert seq.accept(logits[1:5])[0] == plain[1:5]
+    unseeded = state(sampling=SamplingConfig(temperature=1.0))
+    assert unseeded.sampling.seed is not None  # one seed per request, drawn at its start
+
+
+def test_draft_probabilities_of_another_vocabulary_size_are_aligned_to_the_target():
+    logits = torch.tensor([[0.0, 5.0, 0.0, 0.0], [0.0, 0.0, 0.0, 5.0]])
+    cfg = SamplingConfig(temperature=1.0, seed=1)
+    for width in (3, 4, 6):
+        q = torch.zeros(1, width)
+        q[0, 1] = 1.0
+        seq = state(ScriptedDrafter([1], probs=q), sampling=cfg)
+        seq.accept(logits[:1])
+        seq.propose(1)
+        new, _ = seq.accept(logits)
+        assert len(new) in (1, 2) and all(0 <= t < 4 for t in new)
+
+
+# ------------------------------------------------------------------ SequenceKV and FlatBatch
+
+
+def test_a_kv_slot_grows_in_place_keeps_its_rows_and_truncate_only_shortens():
+    kv = SequenceKV(2)
+    a = torch.randn(2, 5, 4)
+    keys, values = kv.write(0, 0, a, -a)
+    assert torch.equal(keys, a) and torch.equal(values, -a)
+    b = torch.randn(2, 200, 4)  # past the spare capacity: the buffer grows, the first rows stay
+    keys, _ = kv.write(0, 5, b, b)
+    assert keys.shape[1] == 205 and torch.equal(keys[:, :5], a) and torch.equal(keys[:, 5:], b)
+    c = torch.randn(2, 3, 4)
+    keys, _ = kv.write(0, 2, c, c)  # a rollback to 2 then new rows: written over, the view ends at them
+    assert keys.shape[1] == 5 and torch.equal(keys[:, :2], a[:, :2]) and torch.equal(keys[:, 2:], c)
+    kv.length = 10
+    kv.truncate(12)
+    assert kv.length == 10
+    kv.truncate(4)
+    assert kv.length == 4
+    assert kv.nbytes == sum(t.numel() * 4 for t in kv.keys + kv.values if t is not None)
+
+
+def test_a_kv_slot_loads_a_cached_prefix_and_copies_rows_out():
+    kv = SequenceKV(2)
+    keys = [torch.randn(2, 6, 4) for _ in range(2)]
+    values = [torch.randn(2, 6, 4) for _ in range(2)]
+    kv.load(keys, values)
+    assert kv.length == 6
+    k, v = kv.rows(2, 5)
+    assert all(torch.equal(x, y[:, 2:5]) for x, y in zip(k, keys)) and all(
+        torch.equal(x, y[:, 2:5]) for x, y in zip(v, values)
+    )
+    k[0].zero_()
+    assert not torch.equal(kv.keys[0][:, 2:5], k[0])  # copies, not views
+
+
+def test_flat_batch_attention_keeps_sequences_apart_and_causal():
+    """Two sequences in one flat batch: each row's output is that of its sequence alone, causally over its own past."""
+    torch.manual_seed(0)
+    heads, kv_heads, d = 4, 2, 8
+    past = [torch.randn(kv_heads, 3, d), torch.randn(kv_heads, 5, d)]
+    n = [2, 3]
+    q = torch.randn(1, heads, 5, d)
+    k = torch.randn(1, kv_heads, 5, d)
+    v = torch.randn(1, kv_heads, 5, d)
+    slots = []
+    for p in past:
+        slot = SequenceKV(1)
+        slot.load([p], [p * 2])
+        slots.append(slot)
+    segments = [Segment(slots[0], 0, 2, 3), Segment(slots[1], 2, 3, 5)]
+    out = FlatBatch(segments).attend(0, q, k, v, 0.5)
+    first = 0
+    for p, rows in zip(past, n):
+        sl = slice(first, first + rows)
+        keys = torch.cat([p, k[0, :, sl]], 1).repeat_interleave(heads // kv_heads, 0)
+        values = torch.cat([p * 2, v[0, :, sl]], 1).repeat_interleave(heads // kv_heads, 0)
+        scores = (q[0, :, sl] @ keys.transpose(1, 2)) * 0.5
+        length = keys.shape[1]
+        mask = torch.arange(length)[None, :] <= torch.arange(length - rows, length)[:, None]
+        want = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ values
+        torch.testing.assert_close(out[0, :, sl], want, rtol=1e-5, atol=1e-5)
+        first += rows
+
+
+# ------------------------------------------------------------------ the batch planner
+
+
+def flat_then_linear(flat_rows: int, per_row: float = 0.05) -> StepCost:
+    costs = StepCost()
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        costs.record(rows, per_row * max(1, rows / flat_rows))
+    return costs
+
+
+def test_planner_fills_free_rows_by_gain_and_respects_caps_and_the_row_budget():
+    free = flat_then_linear(64)
+    demands = [DraftDemand(0.9, 0.0, 3), DraftDemand(0.5, 0.0, 5)]
+    assert plan_draft_lengths(demands, free, base_rows=2, base_tokens=2.0) == [3, 5]  # free rows: every cap
+    assert plan_draft_lengths(demands, free, base_rows=2, base_tokens=2.0, row_budget=4) == [2, 0]  # .9, .81 first
+    assert plan_draft_lengths(demands, free, base_rows=2, base_tokens=2.0, row_budget=2) == [0, 0]
+    assert plan_draft_lengths([DraftDemand(0.9, 0.0, 0)], free, 1, 1.0) == [0]
+
+
+def test_planner_stops_where_a_row_costs_more_than_it_brings():
+    dear = flat_then_linear(1)  # every row costs as much as the first
+    assert plan_draft_lengths([DraftDemand(0.9, 0.0, 8)], dear, 1, 1.0) == [0]
+    some = flat_then_linear(4)  # three free rows, then each row as dear as a step: worth it only at high acceptance
+    assert plan_draft_lengths([DraftDemand(0.95, 0.0, 8)], some, 1, 1.0) == [3]
+    slow_drafter = [DraftDemand(0.9, 10.0, 8)]  # drafting time counts against the gain
+    assert plan_draft_lengths(slow_drafter, flat_then_linear(64), 1, 1.0) == [0]
+
+
+def test_planner_keeps_k_min_for_every_drafting_sequence():
+    free = flat_then_linear(64)
+    demands = [DraftDemand(0.9, 0.0, 4), DraftDemand(0.2, 0.0, 4)]
+    plan = plan_draft_lengths(demands, free, base_rows=2, base_tokens=2.0, k_min=3, row_budget=7)
+    assert all(k == 0 or k >= 3 for k in plan) and sum(plan) <= 5
