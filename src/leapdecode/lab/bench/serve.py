@@ -57,6 +57,9 @@ def register(sub) -> None:
     )
     p.add_argument("--head", help="with --compare-transformers and --drafter head: the draft head")
     p.add_argument("--threads", type=int, help="with --compare-transformers: torch threads of each server")
+    from .serve_faults import add_arguments as add_fault_arguments  # (it imports this module)
+
+    add_fault_arguments(p)
     p.set_defaults(func=run_bench_serve)
 
 
@@ -270,6 +273,10 @@ def _settings(args) -> dict:
 
 
 def run_bench_serve(args) -> int:
+    if args.scenario == "faults":
+        from . import serve_faults
+
+        return serve_faults.run(args)
     require(args.num_prompts >= 1, f"--num-prompts must be >= 1, got {args.num_prompts}")
     require(args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}")
     require(args.rate is None or args.rate > 0, f"--rate must be positive, got {args.rate}")
