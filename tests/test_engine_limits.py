@@ -105,6 +105,29 @@ def test_a_drafter_fault_fails_its_request_only(target):
     assert engine.metrics()["request_failures"] == 1 and not engine.has_work
 
 
+def test_a_drafter_failing_to_start_fails_its_request_only(target):
+    engine = Engine(target, drafter="prompt-lookup")
+    make = engine.scheduler.make_drafter
+
+    def failing_start():
+        drafter = make()
+        start = drafter.start
+
+        def faulty(prompt_ids, sampling):
+            if prompt_ids[0] == 66:
+                raise RuntimeError("planted start fault")
+            start(prompt_ids, sampling)
+
+        drafter.start = faulty
+        return drafter
+
+    engine.scheduler.make_drafter = failing_start
+    prompts = [PROMPTS[0], [66] + PROMPTS[1]]
+    results = collect(engine, prompts, max_new_tokens=10)
+    assert results[1][1].finish_reason == "error" and "planted start fault" in results[1][1].error
+    assert results[0][0] == solo(target, prompts[0], 10) and not engine.has_work
+
+
 def test_non_finite_logits_fail_their_request_only(target):
     engine = Engine(target)
     forward = engine.executor.forward

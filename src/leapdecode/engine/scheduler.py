@@ -125,6 +125,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.admitted_prompt_tokens = 0
         self.preemptions = 0
+        self._failed_admissions: list[tuple[Request, str]] = []
         self.peak_kv_tokens = 0
         self._admissions = 0
 
@@ -136,9 +137,9 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """Admit waiting requests, then plan the step; None when nothing runs."""
         self._admit()
-        if not self.running:
-            return None
-        plan = self._plan()
+        plan = self._plan() if self.running else StepPlan()
+        plan.failed += self._failed_admissions
+        self._failed_admissions = []
         return plan if plan.ids or plan.failed else None
 
     def remove(self, request: Request) -> None:
@@ -165,18 +166,11 @@ class Scheduler:
                 break  # it waits for room; alone it always runs (a request too long for the budget fails in _fit)
             self.waiting.popleft()
             if request.seq is None:
-                controller = DraftLengthController(costs=self.costs, **self.draft.controller_options())
-                controller.accepted, controller.rejected = self.acceptance.prior()
-                request.seq = SequenceState(
-                    request.prompt_ids,
-                    self.make_drafter(),
-                    controller=controller,
-                    sampling=request.params.sampling,
-                    max_new_tokens=request.params.max_new_tokens,
-                    **request.params.stop_options(),
-                    **self.sequence_options,
-                )
-                request.seq.start = request.arrival  # time to first token counts the wait
+                try:  # making its drafter and starting it on the prompt: a failure here is this request's alone
+                    request.seq = self._sequence(request)
+                except Exception as error:
+                    self._failed_admissions.append((request, f"its drafter failed: {type(error).__name__}: {error}"))
+                    continue
                 self.admitted_prompt_tokens += len(request.prompt_ids)
             request.kv = SequenceKV(self.layers)
             cached = self.prefix_cache.lookup(request.reading)
@@ -185,6 +179,21 @@ class Scheduler:
             self._admissions += 1
             request.admitted = self._admissions
             self.running.append(request)
+
+    def _sequence(self, request: Request) -> SequenceState:
+        controller = DraftLengthController(costs=self.costs, **self.draft.controller_options())
+        controller.accepted, controller.rejected = self.acceptance.prior()
+        seq = SequenceState(
+            request.prompt_ids,
+            self.make_drafter(),
+            controller=controller,
+            sampling=request.params.sampling,
+            max_new_tokens=request.params.max_new_tokens,
+            **request.params.stop_options(),
+            **self.sequence_options,
+        )
+        seq.start = request.arrival  # time to first token counts the wait
+        return seq
 
     def _plan(self) -> StepPlan:
         budget = self.config.max_batch_tokens
