@@ -1,5 +1,10 @@
-"""Shared fixtures: tiny random-weight models built in-process (no downloads), made decisive so that
-floating-point near-ties between k-token and 1-token forwards cannot flip an argmax (see shared MEASURED.md)."""
+"""Shared fixtures: tiny random-weight models built in-process (no downloads).
+
+Their output head is scaled (by 8 by default). That sharpens the sampling distributions; it does NOT remove ties:
+multiplying by a power of two is exact in floating point, so a scaled model has the same argmax ties and the same
+relative top-2 margins as the unscaled one. Greedy equality tests hold on these models because random heads seldom put
+two logits within rounding of each other; tests/test_ties.py builds exact ties (duplicated head rows) and near-ties
+(rows one ulp apart) on purpose and checks what happens there."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ VOCAB = 96
 
 
 def tiny_model(arch: str, seed: int, head_scale: float = 8.0, vocab: int = VOCAB) -> torch.nn.Module:
-    """A 2-layer random model; its output head is scaled so logits are far apart (decisive argmax)."""
+    """A 2-layer random model; its output head is scaled by `head_scale` (sharper sampling laws; ties unchanged)."""
     torch.manual_seed(seed)
     common = dict(
         vocab_size=vocab,

@@ -117,11 +117,37 @@ def test_each_row_draws_only_from_its_own_generator():
             assert gens[2].get_state().equal(generator_at(seed, 2).get_state())
 
 
+def test_acceptance_and_resampling_draw_only_from_the_rows_generators():
+    """Seeded output must not depend on torch's global random state: the acceptance draw and the resample of row i
+    come from generators[i] alone (each row's generator is advanced when that row decides)."""
+    torch.manual_seed(2)
+    p = torch.softmax(torch.randn(4, 6), -1)
+    q = torch.softmax(torch.randn(3, 6), -1)
+    for seed in range(40):
+        draft = torch.multinomial(q[0], 3, replacement=True)
+        outs = []
+        for global_seed in (0, 1):
+            torch.manual_seed(global_seed)
+            gens = generators(seed, 4)
+            outs.append(speculative_accept(draft, q, p, gens))
+            decided = len(outs[-1]) - 1
+            for i, g in enumerate(gens):
+                fresh = generator_at(seed, i).get_state()
+                assert g.get_state().equal(fresh) == (i > decided), (seed, i, decided)
+        assert outs[0] == outs[1], seed
+
+
 def test_residual_of_zero_mass_falls_back_to_p():
-    p = torch.tensor([[0.0, 1.0], [0.5, 0.5]])
-    q = torch.tensor([[0.0, 1.0]])
-    for seed in range(20):
-        assert speculative_accept(torch.tensor([1]), q, p, generators(seed, 2))[0] == 1
+    """Where q >= p everywhere (p == q up to rounding), max(p - q, 0) is all zeros: a rejection then draws from p
+    (here either token), not from the zeros (which would always give token 0)."""
+    p = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    q = torch.tensor([[0.5, 0.6]])  # q(1) above p(1): rejected with probability 1/6
+    rejected = [
+        out[0]
+        for seed in range(300)
+        if len(out := speculative_accept(torch.tensor([1]), q, p, generators(seed, 2))) == 1
+    ]
+    assert len(rejected) > 20 and set(rejected) == {0, 1}
 
 
 def test_sample_draws_in_proportion_to_the_weights_and_never_a_zero_weight():

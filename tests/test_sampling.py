@@ -98,13 +98,16 @@ def exact_sequence_probs(model, prompt, steps, cfg) -> dict:
     ],
 )
 def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
-    """Three generated tokens: the first from prefill, the next two through draft + verification."""
-    vocab = 5
+    """Four generated tokens: the first from prefill, the next three through one step of a 2-token draft plus its
+    bonus token (or shorter steps after a rejection): every row of a real draft, compared with the exact law of whole
+    sequences. (Three tokens would leave room for 1-token drafts only.)"""
+    vocab = 4
     target = tiny_model("llama", seed=3, head_scale=2.0, vocab=vocab)
     draft = noisy_copy(target, seed=4, noise=0.7)
     prompt = [1, 2, 3, 1, 2]
-    exact = exact_sequence_probs(target, prompt, 3, cfg)
-    n = 1200
+    exact = exact_sequence_probs(target, prompt, 4, cfg)
+    n = 1500
+    longest: list[int] = []
 
     def sample_counts(wrong_rule: bool) -> dict:
         counts: dict = {}
@@ -113,20 +116,24 @@ def test_end_to_end_sampling_matches_plain_sampling(drafter_name, cfg):
                 drafter_name, **({"draft_model": draft, "confidence": 0.0} if drafter_name == "draft-model" else {})
             )
             run_cfg = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=seed)
-            out, _ = decode(
+            out, stats = decode(
                 Runner(target),
                 prompt,
                 drafter,
                 sampling=run_cfg,
-                controller=DraftLengthController(k_init=2, adaptive=False),
-                max_new_tokens=3,
+                controller=DraftLengthController(k_init=3, adaptive=False),
+                max_new_tokens=4,
                 eos_ids=set(),
                 context_length=64,
             )
             counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+            longest.append(max(stats.accepted_per_step))
         return counts
 
     assert goodness_of_fit(sample_counts(False), exact, n) > ALPHA
+    assert drafter_name != "draft-model" or longest.count(3) > n / 20, (
+        "2-token drafts were rarely both accepted: their bonus row went untested"
+    )
     original = verify.speculative_accept
 
     def accept_everything(draft_tokens, draft_probs, target_probs, generators):  # negative control

@@ -33,10 +33,12 @@ ALPHA = 1e-3
 V = 6
 
 
-def conditional_chi_square(records) -> float:
-    """records: (group, token, exact probability vector). p-value of the summed per-group statistic."""
+def conditional_chi_square(records, key=None) -> float:
+    """records: (group, token, exact probability vector). p-value of the summed per-group statistic. `key` maps a
+    record's group to the group it is tested in (any grouping decided before the token is a valid one)."""
     groups: dict = {}
     for group, token, p in records:
+        group = group if key is None else key(group)
         o, e, c = groups.setdefault(
             group,
             [
@@ -82,6 +84,8 @@ def buggy_accept(bug: str):
             q = draft_probs[0] if bug == "q of row 0 for every row" else draft_probs[i]
             x = tokens[0] if bug == "p/q of the wrong token" else tokens[i]
             if torch.rand((), generator=gen) * q[x] < target_probs[i, x]:
+                continue
+            if bug == "rows >= 4 accept every draft" and i >= 4:
                 continue
             if bug == "residual without q":
                 residual = target_probs[i]
@@ -174,6 +178,46 @@ def test_sampled_drafts_keep_every_position_exact(cfg, k):
     p_logits, q_logits = tables(seed=k)
     records = bigram_records(p_logits, lambda: TableDrafter(q_logits), cfg, k, runs=300)
     assert conditional_chi_square(records) > ALPHA
+
+
+def tokens_per_row(records) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for (row, _), _, _ in records:
+        counts[row] = counts.get(row, 0) + 1
+    return counts
+
+
+K_DEEP = 6
+
+
+def deep_records(runs: int = 300):
+    """k = 6 with a drafter close to the target (most drafts accepted), so the deepest rows and the bonus token get
+    hundreds of tokens each."""
+    p_logits, _ = tables(seed=11)
+    g = torch.Generator().manual_seed(12)
+    q_logits = p_logits + 0.6 * torch.randn(V, V, generator=g)
+    return lambda: bigram_records(
+        p_logits, lambda: TableDrafter(q_logits), SamplingConfig(temperature=1.0), K_DEEP, runs=runs, max_new=30
+    )
+
+
+def test_every_draft_row_and_the_bonus_token_get_enough_tested_tokens():
+    """Rows 0..k (row k: the bonus token after k accepted drafts) each hold at least 150 tokens; tested per row (and
+    per row and previous token), each passes."""
+    records = deep_records()()
+    counts = tokens_per_row(records)
+    assert all(counts.get(row, 0) >= 150 for row in range(K_DEEP + 1)), counts
+    assert conditional_chi_square(records, key=lambda group: group[0]) > ALPHA
+    assert conditional_chi_square(records) > ALPHA
+
+
+def test_a_bug_on_deep_rows_only_is_rejected(monkeypatch):
+    """Rows >= 4 accept every draft (no acceptance test there): rows 0-3 are untouched, only the deep rows carry q's
+    law instead of p's; the per-row test must see it."""
+    monkeypatch.setattr(sequence_module, "speculative_accept", buggy_accept("rows >= 4 accept every draft"))
+    records = deep_records()()
+    assert conditional_chi_square([r for r in records if r[0][0] < 4], key=lambda group: group[0]) > ALPHA
+    assert conditional_chi_square(records, key=lambda group: group[0]) < ALPHA
 
 
 @pytest.mark.parametrize("name", ["prompt-lookup", "ngram"])
