@@ -229,3 +229,14 @@ def test_bad_logprobs_fields_get_a_400_naming_them(served, path, fields, param):
     body |= {"messages": [{"role": "user", "content": RAW}]} if "chat" in path else {"prompt": RAW}
     r = httpx.post(url + path, content=json.dumps({**body, **fields}), headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])
+def test_generate_returns_the_same_logprobs(target, drafter):
+    from leapdecode import generate
+
+    result = generate(target, RAW, raw=True, max_new_tokens=24, logprobs=3, drafter=drafter)
+    assert len(result.logprobs) == len(result.token_ids) == 24
+    check_against_hf(target, result.prompt_ids, result.token_ids, result.logprobs, 3)
+    assert result.as_dict()["logprobs"][0]["token_id"] == result.token_ids[0]
+    assert generate(target, RAW, raw=True, max_new_tokens=4).logprobs is None

@@ -63,6 +63,7 @@ def generate(
         kv_press.check(target.model)
     chosen = build_drafter(drafter, target, draft_model, draft_dtype, **(drafter_options or {}))
     runner = Runner(target.model, press=kv_press, packed_weights=packed_weights)
+    logprobs = None if params.logprobs is None else []
     tokens, stats = decode(
         runner,
         prompt_ids,
@@ -73,9 +74,16 @@ def generate(
         eos_ids=set(target.eos_token_ids),
         context_length=context,
         on_tokens=stream,
+        logprobs_sink=logprobs,
         **params.stop_options(),
     )
     text = target.tokenizer.decode(tokens, skip_special_tokens=True)
     return GenerationResult(
-        text=text, token_ids=tokens, prompt_ids=prompt_ids, stats=stats, model=target.name, drafter=chosen.name
+        text=text,
+        token_ids=tokens,
+        prompt_ids=prompt_ids,
+        stats=stats,
+        model=target.name,
+        drafter=chosen.name,
+        logprobs=logprobs,
     )

@@ -29,9 +29,11 @@ def decode(
     eos_ids: set[int],
     context_length: int,
     on_tokens: Callable[[list[int]], None] | None = None,
+    logprobs_sink: list | None = None,
     **stop_options,
 ) -> tuple[list[int], GenerationStats]:
-    """Generate up to max_new_tokens after prompt_ids; stop at EOS (kept) exactly where plain decoding would."""
+    """Generate up to max_new_tokens after prompt_ids; stop at EOS (kept) exactly where plain decoding would.
+    With `logprobs` among the stop options, `logprobs_sink` receives one TokenLogprobs per output token."""
     seq = SequenceState(
         prompt_ids,
         drafter,
@@ -58,4 +60,6 @@ def decode(
         t = time.perf_counter()
         logits = runner.forward(rows)
         fed, forward_seconds = len(rows), time.perf_counter() - t
+    if logprobs_sink is not None:
+        logprobs_sink += seq.logprobs
     return seq.out, seq.finish()

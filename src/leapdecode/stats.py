@@ -58,12 +58,18 @@ class GenerationResult:
     stats: GenerationStats
     model: str
     drafter: str
+    logprobs: list | None = None  # with RequestParams.logprobs: one sequence.TokenLogprobs per new token
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "model": self.model,
             "drafter": self.drafter,
             **self.stats.as_dict(),
         }
+        if self.logprobs is not None:
+            out["logprobs"] = [
+                {"token_id": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]} for lp in self.logprobs
+            ]
+        return out

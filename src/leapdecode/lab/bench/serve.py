@@ -25,6 +25,7 @@ import tempfile
 import time
 
 from ...errors import LeapDecodeError, require
+from .serve_common import _levels, _pct, load_prompts
 
 
 def register(sub) -> None:
@@ -57,36 +58,10 @@ def register(sub) -> None:
     )
     p.add_argument("--head", help="with --compare-transformers and --drafter head: the draft head")
     p.add_argument("--threads", type=int, help="with --compare-transformers: torch threads of each server")
-    from .serve_faults import add_arguments as add_fault_arguments  # (it imports this module)
+    from .serve_faults import add_arguments as add_fault_arguments
 
     add_fault_arguments(p)
     p.set_defaults(func=run_bench_serve)
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise LeapDecodeError(f"--concurrency must be comma-separated integers, got {text!r}") from None
-    require(levels and all(c >= 1 for c in levels), f"--concurrency levels must be >= 1, got {text!r}")
-    return levels
-
-
-def load_prompts(suite: str) -> list[str]:
-    from .suites import load_suite
-
-    return [q.turns[0] for q in load_suite(suite)]
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    """The q-th percentile with linear interpolation between ranks (numpy's default, as `vllm bench serve`)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = q / 100 * (len(ordered) - 1)
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 async def _one(client, model: str, prompt: str, args) -> dict:

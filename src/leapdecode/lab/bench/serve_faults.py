@@ -21,7 +21,7 @@ import pathlib
 import time
 
 from ...errors import require
-from .serve import _levels, _pct, load_prompts
+from .serve_common import _levels, _pct, load_prompts
 
 
 def add_arguments(p) -> None:
