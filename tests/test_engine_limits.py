@@ -126,6 +126,9 @@ def test_a_drafter_failing_to_start_fails_its_request_only(target):
     results = collect(engine, prompts, max_new_tokens=10)
     assert results[1][1].finish_reason == "error" and "planted start fault" in results[1][1].error
     assert results[0][0] == solo(target, prompts[0], 10) and not engine.has_work
+    many = engine.generate_many(prompts, max_new_tokens=10)  # the batch call reports the failure, keeps the rest
+    assert many[1].error and "planted start fault" in many[1].error and many[1].stats.stop_reason == "error"
+    assert many[0].token_ids == results[0][0] and many[0].error is None
 
 
 def test_non_finite_logits_fail_their_request_only(target):

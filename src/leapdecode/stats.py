@@ -59,6 +59,7 @@ class GenerationResult:
     model: str
     drafter: str
     logprobs: list | None = None  # with RequestParams.logprobs: one sequence.TokenLogprobs per new token
+    error: str | None = None  # the request failed (stats.stop_reason "error"): why; the tokens are those before it
 
     def as_dict(self) -> dict:
         out = {
@@ -68,6 +69,8 @@ class GenerationResult:
             "drafter": self.drafter,
             **self.stats.as_dict(),
         }
+        if self.error is not None:
+            out["error"] = self.error
         if self.logprobs is not None:
             out["logprobs"] = [
                 {"token_id": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]} for lp in self.logprobs

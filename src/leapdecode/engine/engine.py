@@ -212,11 +212,13 @@ class Engine:
         return [
             GenerationResult(
                 text=r.text.text,
-                token_ids=list(r.seq.out),
+                token_ids=list(r.seq.out) if r.seq else [],
                 prompt_ids=r.prompt_ids,
                 stats=finals[r.id].stats,
                 model=self.name,
                 drafter=self.drafter_name,
+                logprobs=list(r.seq.logprobs) if r.seq and r.params.logprobs is not None else None,
+                error=finals[r.id].error,
             )
             for r in requests
         ]
