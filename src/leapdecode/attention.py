@@ -48,13 +48,14 @@ def grouped_sdpa(query, key, value, mask=None, scaling=None) -> torch.Tensor:
     """Causal attention of the last n = query.shape[2] positions over key/value (their past, then themselves).
     `mask` is HF's [1, 1, n, >=L] boolean mask, or None (then the causal pattern is built here when n > 1)."""
     n, length = query.shape[2], key.shape[2]
+    gqa = query.shape[1] != key.shape[1]
+    if mask is None and 1 < n == length:  # a fresh prefill: torch's causal kernel skips the masked half, same values
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
     if mask is not None:
         mask = mask[:, :, :, :length]
     elif n > 1:
         mask = causal_mask(n, length, query.device)
-    return F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
-    )
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
 
 
 def causal_mask(n: int, length: int, device=None) -> torch.Tensor:
