@@ -7,8 +7,9 @@ a chunk can carry several tokens when a server speculates), end-to-end latency, 
 `usage` where it streams one, else one per text chunk). Per level: output tokens/s and requests/s over the level's
 wall time, and p50/p99 of each latency. Results go to `results.json`, `report.md` and PNG plots in `--out`.
 
-`--compare-transformers DIR` starts `leapdecode serve` with speculation on and off and `transformers serve
---continuous-batching` on the same model directory, one after another on 127.0.0.1, and measures each.
+`--compare leapdecode,vllm,transformers` starts each server on the same model directory (`--model-dir`), one after
+another on a free port of 127.0.0.1, measures it with the same prompts and stops it before the next starts
+(serve_peers.py); `--compare-transformers DIR` is `--compare leapdecode,transformers --model-dir DIR`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ import pathlib
 import random
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
-from ...errors import LeapDecodeError, require
+from ...errors import require
+from . import serve_peers
 from .serve_common import _levels, _pct, load_prompts
 
 
@@ -40,24 +40,45 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--endpoint", default="chat", choices=("chat", "completions"))
     p.add_argument("--api-key", default="none")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a request may take in all before it counts as failed (0: none)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt order and Poisson gaps")
     p.add_argument("--out", help="output directory (default bench-serve/<timestamp>)")
     p.add_argument("--label", help="name of this server in the report (default: the URL)")
     p.add_argument(
+        "--compare",
+        metavar="PEERS",
+        help="start and measure each of these servers in turn on --model-dir: leapdecode (speculation on and off), "
+        "transformers (transformers serve --continuous-batching), vllm (vLLM's CPU build in a venv of its own)",
+    )
+    p.add_argument(
+        "--model-dir",
+        default="smollm2-135m",
+        help="with --compare: the HF model directory, or a packaged model's cached copy (default smollm2-135m)",
+    )
+    p.add_argument(
+        "--install-peers",
+        action="store_true",
+        help="with --compare vllm: create vLLM's own venv under the cache dir if missing (several GB)",
+    )
+    p.add_argument("--serve-args", help="with --compare: more flags for leapdecode serve (one quoted string)")
+    p.add_argument(
         "--compare-transformers",
         metavar="MODEL_DIR",
-        help="start leapdecode serve (--drafter auto, then none) and transformers serve "
-        "--continuous-batching on this HF model directory in turn, and measure each",
+        help="the same as --compare leapdecode,transformers --model-dir MODEL_DIR",
     )
-    p.add_argument("--port", type=int, default=8765, help="with --compare-transformers: port of the servers")
+    p.add_argument("--port", type=int, help="with --compare: one port for every server (default: a free one each)")
     p.add_argument(
         "--drafter",
         default="auto",
-        help="with --compare-transformers: leapdecode's drafter when "
-        "speculating (add --head NAME for a shipped draft head on a model directory)",
+        help="with --compare: leapdecode's drafter when speculating (add --head NAME for a shipped draft head)",
     )
-    p.add_argument("--head", help="with --compare-transformers and --drafter head: the draft head")
-    p.add_argument("--threads", type=int, help="with --compare-transformers: torch threads of each server")
+    p.add_argument("--head", help="with --compare and --drafter head: the draft head")
+    p.add_argument("--threads", type=int, help="with --compare: torch threads of each server")
     from .serve_faults import add_arguments as add_fault_arguments
 
     add_fault_arguments(p)
@@ -69,34 +90,35 @@ async def _one(client, model: str, prompt: str, args) -> dict:
     start = time.perf_counter()
     last, chunks, usage_tokens = None, 0, None
     try:
-        common = dict(
-            model=model,
-            max_tokens=args.max_tokens,
-            temperature=0.0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        if args.endpoint == "chat":
-            stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
-        else:
-            stream = await client.completions.create(prompt=prompt, **common)
-        async for chunk in stream:
-            if getattr(chunk, "usage", None) and chunk.usage.completion_tokens is not None:
-                usage_tokens = chunk.usage.completion_tokens
-            if not chunk.choices:
-                continue
-            c = chunk.choices[0]
-            text = (c.delta.content if args.endpoint == "chat" else c.text) or ""
-            if text:
-                now = time.perf_counter()
-                if last is None:
-                    record["ttft"] = now - start
-                else:
-                    record["itl"].append(now - last)
-                last, chunks = now, chunks + 1
-        record["e2e"] = time.perf_counter() - start
-        record["output_tokens"] = usage_tokens if usage_tokens is not None else chunks
-        record["ok"] = True
+        async with asyncio.timeout(getattr(args, "request_timeout", None) or None):  # a stream that never ends
+            common = dict(
+                model=model,
+                max_tokens=args.max_tokens,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            if args.endpoint == "chat":
+                stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
+            else:
+                stream = await client.completions.create(prompt=prompt, **common)
+            async for chunk in stream:
+                if getattr(chunk, "usage", None) and chunk.usage.completion_tokens is not None:
+                    usage_tokens = chunk.usage.completion_tokens
+                if not chunk.choices:
+                    continue
+                c = chunk.choices[0]
+                text = (c.delta.content if args.endpoint == "chat" else c.text) or ""
+                if text:
+                    now = time.perf_counter()
+                    if last is None:
+                        record["ttft"] = now - start
+                    else:
+                        record["itl"].append(now - last)
+                    last, chunks = now, chunks + 1
+            record["e2e"] = time.perf_counter() - start
+            record["output_tokens"] = usage_tokens if usage_tokens is not None else chunks
+            record["ok"] = True
     except Exception as e:  # a failed request is counted, not fatal
         record["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
     return record
@@ -187,10 +209,15 @@ COLUMNS = (
 def markdown(results: list[dict], settings: dict) -> str:
     lines = ["# bench-serve", "", "| setting | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in settings.items()]
-    lines += ["", "| server | " + " | ".join(t for _, t in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
+    columns = list(COLUMNS)
+    if any("ratio_to_vllm" in row for res in results for row in res["rows"]):
+        columns.insert(2, ("ratio_to_vllm", "× vLLM tok/s"))
+    lines += ["", "| server | " + " | ".join(t for _, t in columns) + " |", "|---|" + "---:|" * len(columns)]
     for res in results:
+        if res.get("error"):  # a peer that could not be installed, started or measured: one line
+            lines.append(f"| {res['label']} | – | **not measured**: {res['error']} |" + " |" * (len(columns) - 2))
         for row in res["rows"]:
-            cells = ["–" if row.get(k) is None else str(row[k]) for k, _ in COLUMNS]
+            cells = ["–" if row.get(k) is None else str(row[k]) for k, _ in columns]
             lines.append(f"| {res['label']} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -199,6 +226,14 @@ def markdown(results: list[dict], settings: dict) -> str:
         "E2E: request sent to last chunk. Greedy (temperature 0), streamed.",
         "",
     ]
+    started = [res for res in results if res.get("command")]
+    if started:
+        lines += ["Servers, one at a time on 127.0.0.1:", ""]
+        for res in started:
+            env = " ".join(f"{k}={v}" for k, v in (res.get("env") or {}).items())
+            version = f" {res['version']}" if res.get("version") else ""
+            lines.append(f"- {res['label']} ({res['peer']}{version}): `{(env + ' ') if env else ''}{res['command']}`")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -259,96 +294,52 @@ def run_bench_serve(args) -> int:
     _levels(args.concurrency)
     load_prompts(args.suite)  # a bad suite fails before any traffic
     out = pathlib.Path(args.out or f"bench-serve/{time.strftime('%Y%m%d-%H%M%S')}")
-    if args.compare_transformers:
-        results = compare(args)
+    if args.compare or args.compare_transformers:
+        results, host = compare(args, lambda partial, host: save(out, partial, {**host, **_settings(args)}))
     else:
+        host = {}
         print(f"bench-serve {args.url}")
         results = [asyncio.run(bench_url(args.url, args.model, args))]
-    settings = _settings(args)
+    settings = {**host, **_settings(args)}
+    if host:
+        settings["load average after"] = serve_peers.host().get("load average")
     save(out, results, settings)
     print(markdown(results, settings))
     print(f"saved {out}/results.json, report.md, throughput.png, ttft.png, itl.png")
     return 0
 
 
+def compare(args, save_partial=None) -> tuple[list[dict], dict]:
+    """Start, measure and stop each server of --compare in turn; (results, host header). `save_partial(results,
+    host)` after each server but the last."""
+    if args.compare_transformers:
+        require(not args.compare, "--compare-transformers DIR is --compare leapdecode,transformers --model-dir DIR")
+        args.compare, args.model_dir = "leapdecode,transformers", args.compare_transformers
+    peers = serve_peers.parse_compare(args.compare)
+    model_dir = serve_peers.model_directory(args.model_dir)
+    host = {**serve_peers.host(), "model directory": model_dir, "compared": ", ".join(peers)}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated benchmark still stops its server
+    servers = serve_peers.plan(peers, model_dir, args)
+
+    def measure(url: str, model: str, label: str) -> dict:
+        args.label = label
+        return asyncio.run(bench_url(url, model, args))
+
+    def partial(results: list[dict]) -> None:
+        if save_partial is not None and len(results) < len(servers):
+            serve_peers.add_ratios(results)
+            save_partial(results, host)
+
+    results = serve_peers.run_servers(servers, measure, on_result=partial)
+    serve_peers.add_ratios(results)
+    return results, host
+
+
 def server_commands(
     model_dir: str, port: int, threads: int | None, drafter: str = "auto", head: str | None = None
 ) -> list[tuple[str, list[str], str]]:
-    """(label, command, model name) of each server compared on one model directory."""
-    leap = [
-        sys.executable,
-        "-m",
-        "leapdecode.cli",
-        "serve",
-        "--model",
-        model_dir,
-        "--port",
-        str(port),
-        "--served-model-name",
-        "model",
-        "--log-level",
-        "warning",
-    ] + (["--threads", str(threads)] if threads else [])
-    tf = [
-        sys.executable,
-        "-m",
-        "transformers.cli.transformers",
-        "serve",
-        "--continuous-batching",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        model_dir,
-    ]
-    spec = ["--drafter", drafter] + (["--head", head] if head else [])
-    return [
-        (f"leapdecode serve (speculation on: {drafter})", leap + spec, "model"),
-        ("leapdecode serve (speculation off)", leap + ["--drafter", "none"], "model"),
-        ("transformers serve --continuous-batching", tf, model_dir),
-    ]
+    """(label, command, model name) of each server --compare-transformers runs on one model directory."""
+    import argparse
 
-
-def compare(args) -> list[dict]:
-    import os
-
-    import httpx
-
-    model_dir = str(pathlib.Path(args.compare_transformers).expanduser().resolve())
-    require(pathlib.Path(model_dir, "config.json").is_file(), f"{model_dir} is not an HF model directory")
-    url = f"http://127.0.0.1:{args.port}"
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated benchmark still stops its server
-    env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}))
-    results = []
-    for label, command, model in server_commands(model_dir, args.port, args.threads, args.drafter, args.head):
-        print(f"starting {label}: {' '.join(command)}", flush=True)
-        log = tempfile.TemporaryFile("w+")  # a pipe nobody reads would fill and stall the server
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-        try:
-            deadline = time.monotonic() + 600
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise LeapDecodeError(f"{label} exited: {' '.join(log.read().split())[-400:]}")
-                require(time.monotonic() < deadline, f"{label} did not come up on {url} in 600 s")
-                try:
-                    if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(1)
-            args.label = label
-            results.append(asyncio.run(bench_url(url, model, args)))
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-    return results
+    args = argparse.Namespace(port=port, threads=threads, drafter=drafter, head=head, serve_args=None)
+    return [(s.label, s.command, s.model) for s in serve_peers.plan(["leapdecode", "transformers"], model_dir, args)]
