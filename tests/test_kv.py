@@ -369,13 +369,14 @@ def forced_needle_model(needle: int):
 
 
 def propagated_positions(model, ids, press) -> list[int]:
-    """Positions that reach the layer after the TSP layer (layer 1), read from that layer's inputs."""
+    """Positions that reach the layer after the TSP layer (layer 1), read from that layer's inputs (on HF's layers:
+    the fused ones compute the same, see test_fastkv_on_the_fused_layers_computes_what_hf_layers_compute)."""
     seen = []
     hook = model.model.layers[1].register_forward_pre_hook(
         lambda module, args, kwargs: seen.append(kwargs["position_ids"][0].tolist()), with_kwargs=True
     )
     try:
-        Runner(model, press=press).prefill(ids)
+        Runner(model, press=press, packed_weights=False).prefill(ids)
     finally:
         hook.remove()
     return seen[0]
@@ -407,3 +408,22 @@ def test_fastkv_propagates_the_tokens_the_window_attends_to(monkeypatch):
 
     monkeypatch.setattr(fastkv, "select_top", random_tsp)
     assert propagated_positions(model, ids, press) != expected
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fastkv_on_the_fused_layers_computes_what_hf_layers_compute(models, arch, monkeypatch):
+    """With leapdecode's kernels FastKV runs the fused decoder's layers (the Runner's own forward) over the same cache:
+    the same selection, cache and logits as over HF's layers, up to the rounding of fused products."""
+    from leapdecode.kernels.fused_decoder import FusedDecoder
+
+    model, ids = models[arch], prompt(10)
+    calls = []
+    layer = FusedDecoder.layer
+    monkeypatch.setattr(FusedDecoder, "layer", lambda self, i, *a: calls.append(i) or layer(self, i, *a))
+    options = dict(budget=0.3, window=8, tsp_layer=0, tsp_rate=0.4)
+    fused = Runner(model, press=make_press("fastkv", **options))
+    hf = Runner(model, press=make_press("fastkv", **options), packed_weights=False)
+    torch.testing.assert_close(fused.prefill(ids), hf.prefill(ids), rtol=1e-4, atol=1e-4)
+    assert calls == list(range(model.config.num_hidden_layers))  # every layer ran fused
+    for a, b in zip(fused.cache.layers, hf.cache.layers):
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-4)

@@ -133,19 +133,28 @@ class FusedDecoder(torch.nn.Module):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attend, keep: slice | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids, position_ids [n] -> (logits of the `keep` rows [m, V], their final-norm hidden states [m, C])."""
+        x, cos, sin = self.embed(input_ids, position_ids)
+        for i in range(len(self.splits)):
+            x = self.layer(i, x, cos, sin, attend)
+        hidden = self.model.model.norm(x)[0, keep]
+        return self.model.get_output_embeddings()(hidden), hidden
+
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        """input_ids, position_ids [n] -> (embeddings [1, n, C], rotary cos and sin for those positions)."""
         inner = self.model.model
-        n = input_ids.shape[0]
         x = inner.embed_tokens(input_ids[None])
         cos, sin = inner.rotary_emb(x, position_ids[None])
-        for i, layer in enumerate(inner.layers):
-            attn, (q_width, kv_width) = layer.self_attn, self.splits[i]
-            shape = (1, n, -1, attn.head_dim)
-            q, k, v = self.qkv[i](layer.input_layernorm(x)).split([q_width, kv_width, kv_width], dim=-1)
-            q, k = apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
-            out = attend(i, q, k, v.view(shape).transpose(1, 2), attn.scaling)
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
-            mlp = layer.mlp
-            gate, up = self.gate_up[i](layer.post_attention_layernorm(x)).chunk(2, dim=-1)  # Llama's are equal
-            x = x + mlp.down_proj(mlp.act_fn(gate) * up)
-        hidden = inner.norm(x)[0, keep]
-        return self.model.get_output_embeddings()(hidden), hidden
+        return x, cos, sin
+
+    def layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """Decoder layer i over x [1, n, C] (a KV press runs the layers one by one, on fewer tokens past a point)."""
+        layer, (q_width, kv_width) = self.model.model.layers[i], self.splits[i]
+        attn, n = layer.self_attn, x.shape[1]
+        shape = (1, n, -1, attn.head_dim)
+        q, k, v = self.qkv[i](layer.input_layernorm(x)).split([q_width, kv_width, kv_width], dim=-1)
+        q, k = apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
+        out = attend(i, q, k, v.view(shape).transpose(1, 2), attn.scaling)
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+        mlp = layer.mlp
+        gate, up = self.gate_up[i](layer.post_attention_layernorm(x)).chunk(2, dim=-1)  # Llama's are equal
+        return x + mlp.down_proj(mlp.act_fn(gate) * up)

@@ -116,6 +116,11 @@ def packed_kernels(on: bool | str):
     return _switched(_mode, on)
 
 
+def kernels_on() -> bool:
+    """Whether leapdecode's kernels are switched on here (inside a forward that asked for them)."""
+    return bool(_mode.get())
+
+
 def argmax_logits(on: bool):
     """While on, an output head given install_argmax_head may return logits faithful only in their argmax."""
     return _switched(_argmax_only, on)

@@ -13,8 +13,11 @@ from __future__ import annotations
 import torch
 from transformers.masking_utils import create_causal_mask
 
+from ..attention import grouped_sdpa
 from ..compat import cache_arg
 from ..errors import LeapDecodeError, require
+from ..kernels.fused_decoder import existing_decoder
+from ..kernels.packed import kernels_on
 from .base import Press, Window, gather_entries, keep_count, pool_scores, select_top, window_scores
 
 
@@ -72,6 +75,12 @@ class FastKVPress(Press):
         tsp, keep, chosen = self.layer_of(model), self.kept(n), self.propagated(n)
         hidden = inner.embed_tokens(input_ids)
         positions = torch.arange(n).unsqueeze(0)
+        fused = existing_decoder(model) if kernels_on() else None
+
+        def attend(layer, query, key, value, scaling):
+            keys, values = cache.update(key, value, layer)
+            return grouped_sdpa(query, keys, values, None, scaling)
+
         cos, sin = inner.rotary_emb(hidden, positions)
         mask = _mask(model, hidden)
         for i, block in enumerate(inner.layers[: model.config.num_hidden_layers]):
@@ -81,14 +90,17 @@ class FastKVPress(Press):
             compress = keep < length
             if select_tokens or compress:
                 win = Window(block.input_layernorm(hidden[:, -w:]), cos[:, -w:], sin[:, -w:])
-            hidden = block(
-                hidden,
-                attention_mask=mask,
-                position_ids=positions,
-                **cache_arg(cache),
-                use_cache=True,
-                position_embeddings=(cos, sin),
-            )
+            if fused is not None:  # the fused layer (the Runner's own forward), attending over the same cache
+                hidden = fused.layer(i, hidden, cos, sin, attend)
+            else:
+                hidden = block(
+                    hidden,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    **cache_arg(cache),
+                    use_cache=True,
+                    position_embeddings=(cos, sin),
+                )
             if not (select_tokens or compress):
                 continue
             layer = cache.layers[i]
