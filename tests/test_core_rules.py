@@ -197,6 +197,21 @@ def test_probabilities_apply_temperature_top_k_and_top_p():
     assert probabilities(logits, SamplingConfig(temperature=1.0)).dtype == torch.float32
 
 
+def test_min_p_drops_tokens_below_its_share_of_the_top_one_as_hf_does():
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    logits = torch.randn(32, 20, generator=torch.Generator().manual_seed(3)) * 2
+    for min_p in (0.05, 0.3, 1.0):
+        ours = probabilities(logits, SamplingConfig(temperature=0.8, min_p=min_p))
+        theirs = MinPLogitsWarper(min_p)(None, logits / 0.8).softmax(-1)
+        assert torch.equal(ours > 0, theirs > 0) and bool((ours > 0).sum(-1).lt(20).any())
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(LeapDecodeError):
+            SamplingConfig(temperature=1.0, min_p=bad)
+    SamplingConfig(temperature=1.0, min_p=1.0)
+
+
 # ------------------------------------------------------------------ SequenceState
 
 
