@@ -84,7 +84,7 @@ def ensure_ir(target, console=None) -> pathlib.Path:
             "fp32",
             str(work / "model"),
         ]
-        _run_step(cmd, work.parent / f"{out.name}.export.log", "exporting with optimum-cli", say)
+        run_step(cmd, work.parent / f"{out.name}.export.log", "exporting with optimum-cli", say)
         require(
             (work / "model" / "openvino_model.xml").is_file() and (work / "model" / "openvino_tokenizer.xml").is_file(),
             f"optimum-cli wrote no openvino_model.xml / openvino_tokenizer.xml (see {work.parent / out.name}.export.log)",
@@ -105,11 +105,11 @@ def export_env(version: str, say) -> pathlib.Path:
         return python
     env.parent.mkdir(parents=True, exist_ok=True)
     log = env.parent / f"{env.name}.log"
-    _run_step([sys.executable, "-m", "venv", "--clear", str(env)], log, "creating the exporter's venv", say)
+    run_step([sys.executable, "-m", "venv", "--clear", str(env)], log, "creating the exporter's venv", say)
     tokenizers = importlib.metadata.version("openvino-tokenizers")
     packages = [OPTIMUM_INTEL, f"openvino=={version}", f"openvino-tokenizers=={tokenizers}"]
     packages.append(f"torch=={torch.__version__.split('+')[0]}")  # unpinned, pip would take a multi-GB CUDA build
-    _run_step(
+    run_step(
         [str(python), "-m", "pip", "install", "--progress-bar", "off", *packages],
         log,
         f"installing {' '.join(packages)} (about 1.5 GB, once per OpenVINO version)",
@@ -117,27 +117,28 @@ def export_env(version: str, say) -> pathlib.Path:
     )
     # optimum-intel requires torchvision, whose PyPI build does not import beside a CPU build of torch ("operator
     # torchvision::nms does not exist") and breaks transformers' imports; a text model's export never needs it
-    _run_step([str(python), "-m", "pip", "uninstall", "-y", "torchvision"], log, "removing torchvision", say)
+    run_step([str(python), "-m", "pip", "uninstall", "-y", "torchvision"], log, "removing torchvision", say)
     marker.write_text(" ".join(packages) + "\n")
     return python
 
 
-def _run_step(cmd: list[str], log: pathlib.Path, what: str, say) -> None:
-    """Run one conversion step with its output in `log`, showing a line with the elapsed time while it runs."""
+def run_step(cmd: list[str], log: pathlib.Path, what: str, say, peer: str = "openvino") -> None:
+    """Run one install or conversion step with its output in `log`, a line with the elapsed time every 30 s while it
+    runs (never reaching for a model hub)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
     start = time.monotonic()
     with open(log, "a") as fh:
         fh.write(f"\n$ {' '.join(cmd)}\n")
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        say(f"openvino:   {what} …")
+        say(f"{peer}:   {what} …")
         last = start
         while proc.poll() is None:
             time.sleep(0.5)
             if time.monotonic() - last >= 30:
                 last = time.monotonic()
-                say(f"openvino:   … {last - start:.0f} s")
+                say(f"{peer}:   … {last - start:.0f} s")
     if proc.returncode != 0:
         tail = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-        raise LeapDecodeError(f"openvino: {what} failed ({tail[-1] if tail else 'no output'}); full log: {log}")
-    say(f"openvino:   {what}: done in {time.monotonic() - start:.0f} s")
+        raise LeapDecodeError(f"{peer}: {what} failed ({tail[-1][:200] if tail else 'no output'}); full log: {log}")
+    say(f"{peer}:   {what}: done in {time.monotonic() - start:.0f} s")

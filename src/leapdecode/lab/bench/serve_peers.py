@@ -29,6 +29,7 @@ import time
 
 from ...errors import LeapDecodeError
 from ...models.registry import cache_dir
+from .peer_export import run_step as install_step
 
 PEERS = ("leapdecode", "transformers", "vllm")
 VLLM_VERSION = "0.32.0"  # the release measured here (../shared/MEASURED.md, 2026-11-25)
@@ -252,24 +253,8 @@ def _add_vllm_dist_info(python: pathlib.Path, log: pathlib.Path, say) -> None:
 
 
 def run_step(cmd: list[str], log: pathlib.Path, what: str, say) -> None:
-    """Run one install step with its output in `log`, a line with the elapsed time every 30 s while it runs."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    start = time.monotonic()
-    with open(log, "a") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n")
-        fh.flush()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        say(f"vllm:   {what} …")
-        last = start
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if time.monotonic() - last >= 30:
-                last = time.monotonic()
-                say(f"vllm:   … {last - start:.0f} s")
-    if proc.returncode != 0:
-        tail = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-        raise LeapDecodeError(f"{what} failed ({tail[-1][:200] if tail else 'no output'}); full log: {log}")
-    say(f"vllm:   {what}: done in {time.monotonic() - start:.0f} s")
+    """Run one install step (peer_export.run_step, named for vLLM)."""
+    install_step(cmd, log, what, say, peer="vllm")
 
 
 # ---------------------------------------------------------------------------------------------------- running
