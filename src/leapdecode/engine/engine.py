@@ -264,10 +264,9 @@ class Engine:
                 results = self.executor.execute(plan)
             except Exception as error:
                 self.counters["step_failures"] += 1
-                log.exception("a step failed; its %d request(s) end with an error", len(plan.logits))
-                for request in {
-                    id(s.kv): r for r in self.scheduler.running for s in plan.segments if s.kv is r.kv
-                }.values():
+                in_step = [r for r in self.scheduler.running if any(s.kv is r.kv for s in plan.segments)]
+                log.exception("a step failed; its %d request(s) end with an error", len(in_step))
+                for request in in_step:
                     self._fail(request, f"the step failed: {type(error).__name__}: {error}", outputs)
                 return outputs
             # the whole step, drafting and verification included: what a draft row really costs at this load
