@@ -17,8 +17,11 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from ..attention import grouped_sdpa
 from ..compat import cache_arg
 from ..errors import LeapDecodeError, require
+from ..kernels.fused_decoder import existing_decoder
+from ..kernels.packed import kernels_on
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
@@ -106,6 +109,9 @@ def full_prefill(
 ) -> tuple[torch.Tensor, list[Window]]:
     """The ordinary prefill (exactly what the Runner does without a press), remembering for each layer the inputs
     of its attention for the last `window` tokens (nothing when window is 0). Returns (logits [V], windows)."""
+    fused = existing_decoder(model) if kernels_on() else None
+    if fused is not None:  # the Runner's own forward, one layer at a time, over the press's cache
+        return _fused_prefill(model, fused, input_ids, cache, window)
     windows: list[Window] = []
     hooks = []
     if window > 0:
@@ -128,6 +134,27 @@ def full_prefill(
         for hook in hooks:
             hook.remove()
     return out.logits[0, -1], windows
+
+
+def _fused_prefill(model, fused, input_ids: torch.Tensor, cache: DynamicCache, window: int):
+    """full_prefill on the fused decoder's layers: the same keys/values and logits the Runner computes without a
+    press (so a press at budget 1 keeps exactly the Runner's cache), and each layer's attention input over the
+    window (its input norm applied to the last `window` rows, row by row as in the layer)."""
+
+    def attend(layer, query, key, value, scaling):
+        keys, values = cache.update(key, value, layer)
+        return grouped_sdpa(query, keys, values, None, scaling)
+
+    n = input_ids.shape[1]
+    x, cos, sin = fused.embed(input_ids[0], torch.arange(n, device=input_ids.device))
+    windows: list[Window] = []
+    for i, layer in enumerate(model.model.layers):
+        if window > 0:
+            normed = layer.input_layernorm(x[:, -window:])
+            windows.append(Window(normed, cos[:, -window:], sin[:, -window:]))
+        x = fused.layer(i, x, cos, sin, attend)
+    hidden = model.model.norm(x[:, -1:])
+    return model.get_output_embeddings()(hidden[0])[-1], windows
 
 
 def window_scores(attn: torch.nn.Module, win: Window, keys: torch.Tensor) -> torch.Tensor:
