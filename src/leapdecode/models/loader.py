@@ -212,12 +212,24 @@ def _from_pretrained(source: str, dtype: torch.dtype, **kw):
         model, info = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **kw
         )
+    misshapen = _misshapen(model)  # older transformers let a misshapen tensor through without reporting it
+    if misshapen:
+        info = {**info, "mismatched_keys": sorted({*map(str, info.get("mismatched_keys") or ()), *misshapen})}
     if "gguf_file" in kw:  # the config comes from the file's own metadata; tensors it has beyond it are not checked
         info = {key: value for key, value in info.items() if key != "unexpected_keys"}
         check_loading_info(info, str(pathlib.Path(source) / kw["gguf_file"]), "its own metadata")
     else:
         check_loading_info(info, _weights_name(source))
     return model, tokenizer
+
+
+def _misshapen(model) -> list[str]:
+    """Tensors of the loaded model whose shape is not the one its config gives (a blank copy built on the meta
+    device, which allocates nothing, says what each shape should be)."""
+    with torch.device("meta"):
+        blank = type(model)(model.config)
+    expected = {name: tuple(t.shape) for name, t in blank.state_dict().items()}
+    return [name for name, t in model.state_dict().items() if expected.get(name, tuple(t.shape)) != tuple(t.shape)]
 
 
 def _weights_name(source: str) -> str:
