@@ -53,8 +53,9 @@ def solo(target, prompt, max_new_tokens):
     return _solo(id(target), tuple(prompt), max_new_tokens)
 
 
-def run(eng, arrivals, cancels=()):
-    """Drive the engine step by step: request i arrives at step arrivals[i][0]; cancels: {request index: step}."""
+def run(eng, arrivals, cancels=(), on_step=None):
+    """Drive the engine step by step: request i arrives at step arrivals[i][0]; cancels: {request index: step};
+    `on_step(eng)` after each step (what a test watches between steps)."""
     outputs: dict[int, list] = {}
     ids: dict[int, int] = {}
     cancels = dict(cancels)
@@ -69,6 +70,8 @@ def run(eng, arrivals, cancels=()):
             if at == step and i in ids:
                 eng.cancel(ids[i])
         eng.step()
+        if on_step is not None:
+            on_step(eng)
         step += 1
         assert step < 2000
     return outputs

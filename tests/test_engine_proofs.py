@@ -19,6 +19,7 @@ import torch
 from conftest import noisy_copy, tiny_head
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from test_engine import run as drive
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import kernels
@@ -94,26 +95,10 @@ def hf_greedy(target, prompt, max_new_tokens) -> list[int]:
 
 
 def run(eng: Engine, arrivals, cancels=()) -> tuple[dict, int]:
-    """Drive the engine step by step (request i arrives at step arrivals[i][0]); returns the outputs per request and
-    the most requests seen waiting for a slot at once."""
-    outputs: dict[int, list] = {}
-    ids: dict[int, int] = {}
-    cancels = dict(cancels)
-    step = most_waiting = 0
-    while step <= max([a[0] for a in arrivals] + list(cancels.values()), default=0) or eng.has_work:
-        for i, (at, prompt, max_new) in enumerate(arrivals):
-            if at == step:
-                ids[i] = eng.add_request(
-                    prompt, max_new_tokens=max_new, on_output=lambda o, i=i: outputs.setdefault(i, []).append(o)
-                )
-        for i, at in cancels.items():
-            if at == step and i in ids:
-                eng.cancel(ids[i])
-        eng.step()
-        most_waiting = max(most_waiting, eng.metrics()["waiting"])
-        step += 1
-        assert step < 2000
-    return outputs, most_waiting
+    """test_engine.run's drive, also returning the most requests seen waiting for a slot at once."""
+    waiting: list[int] = []
+    outputs = drive(eng, arrivals, cancels, on_step=lambda e: waiting.append(e.metrics()["waiting"]))
+    return outputs, max(waiting, default=0)
 
 
 def check_batch(target, eng: Engine, arrivals, cancels=()) -> tuple[dict, int]:
