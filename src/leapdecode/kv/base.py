@@ -109,7 +109,7 @@ def full_prefill(
 ) -> tuple[torch.Tensor, list[Window]]:
     """The ordinary prefill (exactly what the Runner does without a press), remembering for each layer the inputs
     of its attention for the last `window` tokens (nothing when window is 0). Returns (logits [V], windows)."""
-    fused = existing_decoder(model) if kernels_on() else None
+    fused = fused_layers(model)
     if fused is not None:  # the Runner's own forward, one layer at a time, over the press's cache
         return _fused_prefill(model, fused, input_ids, cache, window)
     windows: list[Window] = []
@@ -136,14 +136,26 @@ def full_prefill(
     return out.logits[0, -1], windows
 
 
-def _fused_prefill(model, fused, input_ids: torch.Tensor, cache: DynamicCache, window: int):
-    """full_prefill on the fused decoder's layers: the same keys/values and logits the Runner computes without a
-    press (so a press at budget 1 keeps exactly the Runner's cache), and each layer's attention input over the
-    window (its input norm applied to the last `window` rows, row by row as in the layer)."""
+def fused_layers(model):
+    """The model's fused decoder when the forward running now uses leapdecode's kernels (a press then runs the same
+    layers as the Runner), else None (HF's own decoder blocks)."""
+    return existing_decoder(model) if kernels_on() else None
+
+
+def cache_attention(cache: DynamicCache):
+    """The fused layers' attention callback over an HF cache: append the layer's new keys/values, attend causally."""
 
     def attend(layer, query, key, value, scaling):
         keys, values = cache.update(key, value, layer)
         return grouped_sdpa(query, keys, values, None, scaling)
+
+    return attend
+
+
+def _fused_prefill(model, fused, input_ids: torch.Tensor, cache: DynamicCache, window: int):
+    """full_prefill on the fused decoder's layers: the same keys/values and logits the Runner computes without a
+    press (so a press at budget 1 keeps exactly the Runner's cache), and each layer's attention input over the
+    window (its input norm applied to the last `window` rows, row by row as in the layer)."""
 
     n = input_ids.shape[1]
     x, cos, sin = fused.embed(input_ids[0], torch.arange(n, device=input_ids.device))
@@ -152,7 +164,7 @@ def _fused_prefill(model, fused, input_ids: torch.Tensor, cache: DynamicCache, w
         if window > 0:
             normed = layer.input_layernorm(x[:, -window:])
             windows.append(Window(normed, cos[:, -window:], sin[:, -window:]))
-        x = fused.layer(i, x, cos, sin, attend)
+        x = fused.layer(i, x, cos, sin, cache_attention(cache))
     hidden = model.model.norm(x[:, -1:])
     return model.get_output_embeddings()(hidden[0])[-1], windows
 

@@ -13,12 +13,19 @@ from __future__ import annotations
 import torch
 from transformers.masking_utils import create_causal_mask
 
-from ..attention import grouped_sdpa
 from ..compat import cache_arg
 from ..errors import LeapDecodeError, require
-from ..kernels.fused_decoder import existing_decoder
-from ..kernels.packed import kernels_on
-from .base import Press, Window, gather_entries, keep_count, pool_scores, select_top, window_scores
+from .base import (
+    Press,
+    Window,
+    cache_attention,
+    fused_layers,
+    gather_entries,
+    keep_count,
+    pool_scores,
+    select_top,
+    window_scores,
+)
 
 
 class FastKVPress(Press):
@@ -75,11 +82,8 @@ class FastKVPress(Press):
         tsp, keep, chosen = self.layer_of(model), self.kept(n), self.propagated(n)
         hidden = inner.embed_tokens(input_ids)
         positions = torch.arange(n).unsqueeze(0)
-        fused = existing_decoder(model) if kernels_on() else None
-
-        def attend(layer, query, key, value, scaling):
-            keys, values = cache.update(key, value, layer)
-            return grouped_sdpa(query, keys, values, None, scaling)
+        fused = fused_layers(model)
+        attend = cache_attention(cache)
 
         cos, sin = inner.rotary_emb(hidden, positions)
         mask = _mask(model, hidden)
