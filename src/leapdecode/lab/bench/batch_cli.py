@@ -18,8 +18,9 @@ from .batch import (
     write_outputs,
 )
 from .cli import _ints, _names
-from .methods import peak_rss_mb, truncate_at_eos
+from .methods import truncate_at_eos
 from .peer_export import ensure_ir
+from .peer_worker import peak_rss_mb
 from .peers import BATCH_PEER_METHODS, check_available, describe_cb, run_cb
 
 

@@ -8,7 +8,6 @@ Peers (`openvino`, `openvino-prompt-lookup`, optional) run OpenVINO GenAI in a p
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from ...api import generate
 from ...drafters import OracleDrafter
 from ...errors import LeapDecodeError, require
 from ...runner import Runner
+from .peer_worker import peak_rss_mb  # the one definition (the worker itself imports no leapdecode)
 from .peers import PEER_METHODS, check_available
 
 HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
@@ -216,19 +216,6 @@ def run_peer(ctx: BenchContext, variant: Variant, prompt_ids: list[int], message
     answer = ctx.peers.generate(variant.method, prompt_ids, text, ctx.max_new_tokens, ctx.eos_ids)
     tokens = truncate_at_eos(answer["tokens"], set(ctx.eos_ids))
     return Measurement(tokens, answer["wall"], answer["ttft"], 0, peak_rss_mb=answer["peak_rss_mb"])
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS in MiB: VmHWM where /proc has it (ru_maxrss would carry a parent's larger peak
-    across fork and exec), else ru_maxrss. peer_worker.py has its own copy (it imports no leapdecode)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_variant(
