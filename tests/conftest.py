@@ -16,7 +16,12 @@ VOCAB = 96
 
 
 def tiny_model(arch: str, seed: int, head_scale: float = 8.0, vocab: int = VOCAB) -> torch.nn.Module:
-    """A 2-layer random model; its output head is scaled by `head_scale` (sharper sampling laws; ties unchanged)."""
+    """A 2-layer random model; its output head is scaled by `head_scale` (sharper sampling laws; ties unchanged).
+    An arch ending in "-q4" ("qwen2-q4") is that model with q4 weights (models.weight_only)."""
+    if arch.endswith("-q4"):
+        from leapdecode.models.weight_only import quantize_q4
+
+        return quantize_q4(tiny_model(arch.removesuffix("-q4"), seed, head_scale, vocab))
     torch.manual_seed(seed)
     common = dict(
         vocab_size=vocab,

@@ -18,7 +18,7 @@ from leapdecode.models.quantize import quantize_int8
 from leapdecode.runner import Runner
 from leapdecode.sampling import SamplingConfig
 
-ARCHS = ["llama", "qwen2"]
+ARCHS = ["llama", "qwen2", "qwen2-q4"]  # q4: 4-bit weights, bf16 products; HF greedy runs the same q4 model
 
 
 @pytest.fixture(scope="module")

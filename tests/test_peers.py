@@ -214,6 +214,7 @@ def test_bench_batch_reports_a_peer_that_differs_without_failing(tmp_path, monke
         info = {
             "openvino_genai": "TEST DOUBLE",
             "ir": "none",
+            "weights": "fp32",
             "properties": {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"},
             "cpu_defaults": {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"},
         }

@@ -33,7 +33,11 @@ def add_generate(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=_int, default=0)
     p.add_argument("--seed", type=_int)
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="float32, bfloat16, float16, or q4 (4-bit weights in groups of 32, int8 output head, bf16 products)",
+    )
     p.add_argument(
         "--draft-dtype",
         default="int8",

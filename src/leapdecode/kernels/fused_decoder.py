@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from ..models.weight_only import Q4Linear
 from .install import install_packed_linear
 from .packed import _eligible, _settings
 
@@ -63,10 +64,10 @@ def _layer_supported(layer) -> bool:
         return False
     projections = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
     projections += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    plain = all(type(p) is torch.nn.Linear and _eligible(p.weight) for p in projections)
     return (
         hasattr(mlp, "act_fn")
-        and all(type(p) is torch.nn.Linear and _eligible(p.weight) for p in projections)
-        and len({p.weight.dtype for p in projections}) == 1
+        and (plain and len({p.weight.dtype for p in projections}) == 1 or all(type(p) is Q4Linear for p in projections))
         and _bias_alike(projections[:3])
         and _bias_alike(projections[4:6])
     )
@@ -76,9 +77,12 @@ def _bias_alike(linears) -> bool:
     return len({lin.bias is None for lin in linears}) == 1
 
 
-def _fuse(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
+def _fuse(linears: list[torch.nn.Linear]) -> torch.nn.Module:
     """One nn.Linear whose output is the linears' outputs side by side; each linear's weight (and bias) becomes a view
-    of the fused one, so memory is not doubled and the layers' own forwards compute what they did."""
+    of the fused one, so memory is not doubled and the layers' own forwards compute what they did. Q4Linear parts
+    fuse into one Q4Linear (a copy: 4-bit codes are small)."""
+    if type(linears[0]) is Q4Linear:
+        return Q4Linear.cat(linears)
     fused = torch.nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears), device="meta")
     with torch.inference_mode(False), torch.no_grad():  # plain tensors even when built under inference mode
         fused.weight = torch.nn.Parameter(torch.cat([lin.weight for lin in linears]), requires_grad=False)
@@ -108,20 +112,34 @@ class FusedDecoder(torch.nn.Module):
         )
         self.gate_up = torch.nn.ModuleList(_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers)
         self.splits = [(layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features) for layer in layers]
+        self._parts = self._projections()  # what was fused: a model whose layers are replaced since needs a new one
         install_packed_linear(self)
 
     @property
     def model(self) -> torch.nn.Module:
         return self._model[0]
 
+    def _projections(self) -> list[torch.nn.Module]:
+        return [
+            p
+            for layer in self.model.model.layers
+            for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+            + (layer.mlp.gate_proj, layer.mlp.up_proj)
+        ]
+
     def current(self) -> bool:
-        """Whether the model's projections are still views of the fused weights (not replaced since)."""
+        """Whether the model's projections are the layers fused (not replaced since) and, for plain ones, still views
+        of the fused weights."""
+        if any(a is not b for a, b in zip(self._projections(), self._parts)):
+            return False
         for layer, qkv, gate_up in zip(self.model.model.layers, self.qkv, self.gate_up):
             attn, mlp = layer.self_attn, layer.mlp
             for fused, parts in (
                 (qkv, (attn.q_proj, attn.k_proj, attn.v_proj)),
                 (gate_up, (mlp.gate_proj, mlp.up_proj)),
             ):
+                if type(fused) is Q4Linear:
+                    continue
                 start = fused.weight.data_ptr()
                 for part in parts:
                     if part.weight.data_ptr() != start:

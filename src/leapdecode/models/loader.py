@@ -14,8 +14,9 @@ import torch
 from ..errors import LeapDecodeError
 from .fetch import Phases, fetch_gguf
 from .loaded import LoadedModel
-from .quantize import is_int8, quantize_int8
+from .quantize import is_int8, is_q4, quantize_int8
 from .registry import PACKAGED, build_cached, cache_dir, read_manifest
+from .weight_only import quantize_q4
 
 DTYPES = {
     "float32": torch.float32,
@@ -34,7 +35,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
         return DTYPES[dtype.lower().removeprefix("torch.")]
-    raise LeapDecodeError(f"unsupported dtype {dtype!r}: use float32, bfloat16, float16 or int8")
+    raise LeapDecodeError(f"unsupported dtype {dtype!r}: use float32, bfloat16, float16, int8 or q4")
 
 
 @contextmanager
@@ -378,10 +379,12 @@ def _looks_like_path(spec: str) -> bool:
 
 def load_model(spec: str, dtype: str | torch.dtype = "float32") -> LoadedModel:
     """Load ``spec``: a packaged name (pulled on first use), an HF directory, a .gguf file, or a cached hub id.
-    dtype "int8" loads fp32 and quantizes the linear layers (see models.quantize; meant for draft models)."""
-    if is_int8(dtype):
+    dtype "int8" loads fp32 and quantizes the linear layers (see models.quantize; meant for draft models); "q4" loads
+    fp32 and gives the linear layers 4-bit weights in groups of 32 and the output head int8 (kernels.weight_only: the
+    packaged Q4_1 GGUF files' weights much as stored)."""
+    if is_int8(dtype) or is_q4(dtype):
         loaded = load_model(spec, "float32")
-        quantize_int8(loaded.model)
+        (quantize_int8 if is_int8(dtype) else quantize_q4)(loaded.model)
         return loaded
     torch_dtype = parse_dtype(dtype)
     spec = str(spec)

@@ -12,10 +12,15 @@ import torch
 from ..errors import LeapDecodeError
 
 INT8 = "int8"
+Q4 = "q4"  # weight-only int4 groups with an int8 head (kernels.weight_only): the packaged GGUF files' weights
 
 
 def is_int8(dtype) -> bool:
     return isinstance(dtype, str) and dtype.lower() == INT8
+
+
+def is_q4(dtype) -> bool:
+    return isinstance(dtype, str) and dtype.lower() == Q4
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
@@ -32,9 +37,13 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def dtype_name(model: torch.nn.Module) -> str:
-    """'int8' for a model quantized here, else the dtype of its parameters ('float32', 'bfloat16', ...)."""
+    """'int8' or 'q4' for a model quantized here, else the dtype of its parameters ('float32', 'bfloat16', ...)."""
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+
+    from .weight_only import is_q4 as q4_model
 
     if any(isinstance(m, Int8Linear) for m in model.modules()):
         return INT8
+    if q4_model(model):
+        return Q4
     return str(next(model.parameters()).dtype).removeprefix("torch.")

@@ -69,7 +69,11 @@ def add_serve(sub) -> None:
         "--head",
         help="draft head directory or shipped head name for --drafter head (default: the model's shipped head)",
     )
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="float32, bfloat16, float16, or q4 (4-bit weights in groups of 32, int8 output head, bf16 products)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_int, default=8000)
     p.add_argument("--max-batch-tokens", type=_int, default=256, help="rows (tokens) per batched forward")

@@ -211,7 +211,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--per-category", type=int)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-batch-tokens", type=int, default=256)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | q4 (all methods, peers included)")
     p.add_argument("--draft-dtype", default="int8")
     p.add_argument("--hf-kernels", action="store_true", help="the engine uses HF's forward and F.linear too")
     p.add_argument("--threads", type=int)

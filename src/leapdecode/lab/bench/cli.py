@@ -166,7 +166,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-draft-length", type=int, default=16)
     p.add_argument("--head", help="draft head directory for method head (default: the target's shipped head)")
     p.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (all methods)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | q4 (all methods, peers included)")
     p.add_argument(
         "--draft-dtype",
         default="int8",

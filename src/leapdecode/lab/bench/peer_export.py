@@ -1,6 +1,7 @@
 """The one-off conversion of a model to OpenVINO IR for the peer methods, cached under the leapdecode cache dir.
 
-optimum-intel's exporter (`optimum-cli export openvino --task text-generation-with-past --weight-format fp32`) is
+optimum-intel's exporter (`optimum-cli export openvino --task text-generation-with-past --weight-format fp32`, or
+`int4 --group-size 32 --ratio 1.0` beside a q4 target, see `peer_precision`) is
 what OpenVINO GenAI's users run; it pins its own torch and transformers, so it runs in a virtual environment of its
 own, made on demand (once per OpenVINO version) next to the IR::
 
@@ -24,6 +25,7 @@ import sys
 import time
 
 from ...errors import LeapDecodeError, require
+from ...models.quantize import dtype_name
 from ...models.registry import build_cached, cache_dir, read_manifest
 
 OPTIMUM_INTEL = "optimum-intel==2.2.0"  # the exporter version measured here (it needs transformers<5.6)
@@ -51,24 +53,35 @@ def model_key(model_dir: pathlib.Path) -> str:
     return h.hexdigest()[:10]
 
 
-def ir_dir(model_name: str, model_dir: pathlib.Path, version: str) -> pathlib.Path:
+def ir_dir(model_name: str, model_dir: pathlib.Path, version: str, weights: str = "fp32") -> pathlib.Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in model_name.rsplit("/", 1)[-1])
-    return cache_dir() / "openvino" / f"{safe}-{model_key(model_dir)}-ov{version}"
+    suffix = "" if weights == "fp32" else f"-{weights}"
+    return cache_dir() / "openvino" / f"{safe}-{model_key(model_dir)}-ov{version}{suffix}"
+
+
+def peer_precision(target) -> tuple[str, str | None]:
+    """(the IR's weight format, the inference precision to ask for) that match how leapdecode runs `target`: fp32
+    weights and f32 inference for a float32 model; for a q4 model (4-bit weights in groups of 32, bf16 products)
+    OpenVINO's int4 weights in groups of 32 (NNCF keeps the embedding and head at 8 bits, as our q4 does the head)
+    and OpenVINO's own choice of inference precision on this CPU (bf16 where it has native bf16)."""
+    return ("int4", None) if dtype_name(target.model) == "q4" else ("fp32", "f32")
 
 
 def ensure_ir(target, console=None) -> pathlib.Path:
-    """The OpenVINO IR of `target` (a LoadedModel from a model directory), converting it on first use."""
+    """The OpenVINO IR of `target` (a LoadedModel from a model directory), converting it on first use, with the
+    weight format of `peer_precision`."""
     version = openvino_version()
     model_dir = pathlib.Path(target.path)
     require(
         (model_dir / "config.json").is_file(),
         f"the OpenVINO peers convert a model directory with config.json; '{target.path}' is not one",
     )
-    out = ir_dir(target.name, model_dir, version)
+    weights = peer_precision(target)[0]
+    out = ir_dir(target.name, model_dir, version, weights)
     if read_manifest(out) is not None:
         return out
     say = console.print if console is not None else (lambda text: print(text, file=sys.stderr))
-    say(f"openvino: converting {target.name} to OpenVINO IR once (fp32 weights), cached in {out}")
+    say(f"openvino: converting {target.name} to OpenVINO IR once ({weights} weights), cached in {out}")
 
     def build(work: pathlib.Path) -> dict:
         python = export_env(version, say)
@@ -81,7 +94,8 @@ def ensure_ir(target, console=None) -> pathlib.Path:
             "--task",
             "text-generation-with-past",
             "--weight-format",
-            "fp32",
+            weights,
+            *(["--group-size", "32", "--ratio", "1.0"] if weights == "int4" else []),
             str(work / "model"),
         ]
         run_step(cmd, work.parent / f"{out.name}.export.log", "exporting with optimum-cli", say)
@@ -89,7 +103,7 @@ def ensure_ir(target, console=None) -> pathlib.Path:
             (work / "model" / "openvino_model.xml").is_file() and (work / "model" / "openvino_tokenizer.xml").is_file(),
             f"optimum-cli wrote no openvino_model.xml / openvino_tokenizer.xml (see {work.parent / out.name}.export.log)",
         )
-        return {"source": str(model_dir), "openvino": version, "exporter": OPTIMUM_INTEL, "weight_format": "fp32"}
+        return {"source": str(model_dir), "openvino": version, "exporter": OPTIMUM_INTEL, "weight_format": weights}
 
     return build_cached(out, build)
 

@@ -9,8 +9,9 @@ same HF greedy reference.
 
 OpenVINO runs in a worker process (`peer_worker.py`, no torch in it): its peak RSS is its own, and its thread pool
 never shares a process with torch's. The IR comes from `peer_export.py` (once, cached). Inference precision is f32
-(INFERENCE_PRECISION_HINT) and so is the KV cache (KV_CACHE_PRECISION) unless `kv_cache` says otherwise; the report
-states both and OpenVINO's own defaults on the host. Optional: `pip install 'leapdecode[peers]'`.
+(INFERENCE_PRECISION_HINT) and so is the KV cache (KV_CACHE_PRECISION) unless `kv_cache` says otherwise; beside a
+q4 target the IR has int4 weights and OpenVINO picks its inference precision (`peer_precision`). The report states
+weights and precisions and OpenVINO's own defaults on the host. Optional: `pip install 'leapdecode[peers]'`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from ...errors import LeapDecodeError
-from .peer_export import INSTALL_HINT, OPTIMUM_INTEL, ensure_ir, openvino_version
+from .peer_export import INSTALL_HINT, OPTIMUM_INTEL, ensure_ir, openvino_version, peer_precision
 
 PEER_METHODS = ("openvino", "openvino-prompt-lookup")  # bench (one stream)
 BATCH_PEER_METHODS = ("openvino-cb",)  # bench-batch
@@ -98,6 +99,7 @@ class Peers:
     ir: pathlib.Path | None = None
     threads: int = 1
     kv_cache: str = "f32"
+    weights: str = "fp32"
     workers: dict[str, PeerWorker] = field(default_factory=dict)
     info: dict[str, dict] = field(default_factory=dict)  # method -> what its load answered
     tokenizer_checks: dict[str, dict[tuple, bool]] = field(default_factory=dict)  # method -> prompt -> same ids
@@ -108,6 +110,7 @@ class Peers:
             return self
         check_available()
         self.ir, self.threads = ensure_ir(target, console), threads
+        self.weights, precision = peer_precision(target)
         try:
             for method in wanted:
                 worker = PeerWorker()
@@ -118,6 +121,7 @@ class Peers:
                     kind="llm",
                     threads=threads,
                     kv_cache=self.kv_cache,
+                    precision=precision,
                     prompt_lookup=method == "openvino-prompt-lookup",
                 )
         except BaseException:
@@ -152,7 +156,7 @@ class Peers:
             out[method] = (
                 f"OpenVINO GenAI {info['openvino_genai'].split('-')[0]} (OpenVINO {info['openvino'].split('-')[0]}) "
                 f"LLMPipeline{' with prompt_lookup=True, ' + _pl() if 'prompt-lookup' in method else ''}, "
-                f"own process; IR {self.ir.name} from {OPTIMUM_INTEL} (fp32 weights); "
+                f"own process; IR {self.ir.name} from {OPTIMUM_INTEL} ({self.weights} weights); "
                 f"INFERENCE_NUM_THREADS {info['properties']['INFERENCE_NUM_THREADS']}, inference precision "
                 f"{info['properties']['INFERENCE_PRECISION_HINT']}, KV cache {info['properties']['KV_CACHE_PRECISION']} "
                 f"(OpenVINO's defaults on this CPU: {_short(defaults['INFERENCE_PRECISION_HINT'])} inference, "
@@ -201,6 +205,7 @@ def run_cb(
     load info)."""
     check_available()
     ir = ensure_ir(target, console)
+    weights, precision = peer_precision(target)
     worker = PeerWorker()
     try:
         info = worker.call(
@@ -209,6 +214,7 @@ def run_cb(
             kind="cb",
             threads=threads,
             kv_cache=kv_cache,
+            precision=precision,
             scheduler={
                 "cache_size": CB_CACHE_GB,
                 "max_num_batched_tokens": max_batch_tokens,
@@ -226,7 +232,7 @@ def run_cb(
         )
     finally:
         worker.close()
-    info["ir"] = ir.name
+    info["ir"], info["weights"] = ir.name, weights
     return answer, info
 
 
@@ -235,7 +241,7 @@ def describe_cb(info: dict, max_batch_tokens: int) -> str:
     props, defaults = info["properties"], info["cpu_defaults"]
     return (
         f"openvino-cb: OpenVINO GenAI {info['openvino_genai'].split('-')[0]} ContinuousBatchingPipeline, own "
-        f"process per run (peak RSS is that process's), IR {info['ir']} from {OPTIMUM_INTEL} (fp32 weights); "
+        f"process per run (peak RSS is that process's), IR {info['ir']} from {OPTIMUM_INTEL} ({info['weights']} weights); "
         f"SchedulerConfig cache_size {CB_CACHE_GB} GB, dynamic_split_fuse, max_num_batched_tokens {max_batch_tokens}, "
         f"max_num_seqs C; INFERENCE_NUM_THREADS {props['INFERENCE_NUM_THREADS']}, inference precision "
         f"{props['INFERENCE_PRECISION_HINT']}, KV cache {props['KV_CACHE_PRECISION']} (OpenVINO's defaults on this "

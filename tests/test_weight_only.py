@@ -1,0 +1,112 @@
+"""q4 weights (models.weight_only): 4-bit codes in groups of 32 with a bf16 scale and offset per group (GGUF Q4_1's
+layout) and an int8 output head, products on bf16 activations. A q4 model is a model of its own: HF's forward on it
+runs the same Q4Linear layers, so HF greedy on the q4 model is the reference that leapdecode's speculative decoding,
+the fused decoder and the Engine must equal token for token. test_lossless runs its whole property over a q4 model too
+(arch "qwen2-q4")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_model
+from tiny_hf import make_tiny_hf_dir
+
+from leapdecode import generate
+from leapdecode.cli import main
+from leapdecode.engine import Engine
+from leapdecode.errors import LeapDecodeError
+from leapdecode.models import forget_models, load_model, resolve_model
+from leapdecode.models import weight_only as wo
+from leapdecode.models.quantize import dtype_name
+
+
+def q4_1_weight(out: int, inp: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight as GGUF's Q4_1 dequantizes it (fp16 scale d and min m per block of 32, w = d * q + m in fp32), each
+    block using codes 0 and 15 as llama.cpp's min/max rule does; returns (weight, codes)."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (out, inp // 32, 32), generator=gen)
+    codes[..., 0], codes[..., 1] = 0, 15
+    d = (torch.rand(out, inp // 32, 1, generator=gen) * 0.05 + 1e-3).half().float()
+    m = (torch.randn(out, inp // 32, 1, generator=gen) * 0.1).half().float()
+    return (d * codes + m).reshape(out, inp), codes.reshape(out, inp)
+
+
+def test_requantizing_a_q4_1_weight_gives_back_its_stored_codes():
+    weight, codes = q4_1_weight(48, 96, seed=0)
+    got, scales_zeros = wo.quantize_groups(weight)
+    assert torch.equal(got, codes.to(torch.int32))
+    assert scales_zeros.shape == (3, 48, 2) and scales_zeros.dtype == torch.bfloat16
+    linear = torch.nn.Linear(96, 48, bias=False).requires_grad_(False)
+    linear.weight.copy_(weight)
+    layer = wo.Q4Linear.quantize(linear)
+    # the only change from the stored weight: the scale and the offset (the value of code 8) rounded to bf16, whose
+    # 8 significant bits err by at most 2^-8 of each (times up to 15 codes for the scale); the codes are the stored ones
+    groups = weight.reshape(48, 3, 32)
+    step = (groups.amax(-1) - groups.amin(-1)) / 15
+    bound = (15 * step + (groups.amin(-1) + 8 * step).abs()) * 2**-8
+    assert ((layer.weight - weight).abs().reshape(48, 3, 32).amax(-1) <= bound).all()
+
+
+@pytest.mark.parametrize("sizes", [(64, 32, 32), (16, 48), (128, 64, 64)])
+def test_fused_q4_layers_equal_their_parts_and_rows_do_not_depend_on_the_batch(sizes):
+    torch.manual_seed(1)
+    parts = [wo.Q4Linear.quantize(torch.nn.Linear(64, n).requires_grad_(False)) for n in sizes]
+    fused = wo.Q4Linear.cat(parts)
+    x = torch.randn(7, 64)
+    together = fused(x)
+    assert torch.equal(together, torch.cat([p(x) for p in parts], -1))  # fused = parts side by side, bit for bit
+    assert all(torch.equal(together[i : i + 1], fused(x[i : i + 1])) for i in range(7))  # a row alone = in a batch
+    want = x.bfloat16().float() @ fused.weight.T + fused.bias
+    assert torch.allclose(together, want, rtol=2e-2, atol=2e-2)
+
+
+def test_q4_replaces_the_layers_and_keeps_the_model_runnable_by_hf():
+    model = tiny_model("qwen2-q4", seed=3)
+    assert dtype_name(model) == "q4" and isinstance(model.lm_head, wo.Int8Linear)
+    assert all(isinstance(m.self_attn.q_proj, wo.Q4Linear) for m in model.model.layers)
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    head = torch.nn.Linear(64, 96, bias=False).requires_grad_(False)
+    int8 = wo.Int8Linear(head)
+    assert (int8.weight - head.weight).abs().max() <= head.weight.abs().amax() / 127
+
+
+def hf_greedy(model, prompt, max_new):
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def q4_target(tmp_path_factory):
+    return resolve_model(str(make_tiny_hf_dir(tmp_path_factory.mktemp("q4") / "tiny", context=160)), dtype="q4")
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "ngram", "draft-model"])
+def test_q4_generate_and_engine_equal_hf_greedy_on_the_q4_model(q4_target, drafter):
+    gen = torch.Generator().manual_seed(7)
+    chunk = torch.randint(4, 64, (6,), generator=gen).tolist()
+    prompts = [chunk * 3 + torch.randint(4, 64, (n,), generator=gen).tolist() for n in (1, 5, 9, 13)]
+    options = {"draft_model": q4_target.model, "draft_dtype": "float32"} if drafter == "draft-model" else {}
+    references = [hf_greedy(q4_target.model, p, 24) for p in prompts]
+    for prompt, reference in zip(prompts, references):
+        assert generate(q4_target, prompt, drafter=drafter, max_new_tokens=24, **options).token_ids == reference
+    engine = Engine(q4_target, drafter=drafter, max_batch_tokens=16, **options)
+    results = engine.generate_many(prompts, max_new_tokens=24)
+    assert [r.token_ids for r in results] == references
+
+
+def test_q4_through_the_cli_and_its_refusal(tmp_path, capsys, monkeypatch):
+    model_dir = make_tiny_hf_dir(tmp_path / "tiny")
+    argv = ["generate", "w1 w2 w3", "--model", str(model_dir), "--raw", "--max-new-tokens", "5", "--json"]
+    assert main(argv + ["--dtype", "q4"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 5
+    monkeypatch.setattr(wo, "_check", ["RuntimeError: no int4 kernel"])
+    with pytest.raises(LeapDecodeError, match="q4 weights need torch's int4 CPU kernels"):
+        load_model(str(model_dir), dtype="q4")
+    forget_models()  # the CLI loads the model again, as a new process would
+    assert main(argv + ["--dtype", "q4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "int4 CPU kernels" in err and "Traceback" not in err
