@@ -21,6 +21,7 @@ from .attention import leapdecode_attention
 from .errors import LeapDecodeError
 from .kernels import argmax_logits, install_argmax_head, install_packed_linear, packed_kernels
 from .kernels.fused_decoder import FusedDecoder, fused_decoder
+from .models.weight_only import is_q4
 
 
 class ModelForward:
@@ -34,6 +35,7 @@ class ModelForward:
         self.model = model
         self.packed_weights = packed_weights
         self.decoder = prepare_model(model, packed_weights)
+        self.rows_alone = is_q4(model)  # its products give a row the same bits whatever the row count (FlatBatch)
 
     @torch.inference_mode()
     def __call__(
@@ -46,6 +48,7 @@ class ModelForward:
         argmax_only: bool = False,
         hidden: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        layout.rows_alone = self.rows_alone
         with model_kernels(self.model, self.packed_weights, argmax_only, layout):
             if self.decoder is not None:
                 logits, states = self.decoder(ids, positions, layout.attend, keep)

@@ -125,11 +125,21 @@ class Segment:
     past: int
 
 
-class FlatBatch:
-    """The layout of one step, handed to leapdecode's attention: which rows belong to which sequence."""
+ROWS_ALONE_MAX = 32  # with rows_alone, steps of more new rows than this (prompt chunks) still attend in one call
 
-    def __init__(self, segments: list[Segment]):
+
+class FlatBatch:
+    """The layout of one step, handed to leapdecode's attention: which rows belong to which sequence.
+
+    `rows_alone`: each new row of a sequence that has a past attends in a call of its own, as it would in a one-row
+    decode step, so a verified draft row gets the very bits of that step. ModelForward sets it for models whose other
+    operations already give a row the same bits whatever the row count (q4 weights: models.weight_only); there,
+    rounding in bf16 turns the last-bit differences of a many-row attention call into different tokens often enough
+    to matter."""
+
+    def __init__(self, segments: list[Segment], rows_alone: bool = False):
         self.segments = segments
+        self.rows_alone = rows_alone
 
     def attend(self, layer: int, query, key, value, scaling) -> torch.Tensor:
         """query [1, H, R, d], key/value [1, KVH, R, d] for the step's R rows -> [1, H, R, d]."""
@@ -137,5 +147,11 @@ class FlatBatch:
         for s in self.segments:
             rows = slice(s.first_row, s.first_row + s.n)
             keys, values = s.kv.write(layer, s.past, key[0, :, rows], value[0, :, rows])
-            outs.append(grouped_sdpa(query[:, :, rows], keys[None], values[None], None, scaling))
+            if self.rows_alone and s.past and 1 < s.n <= ROWS_ALONE_MAX:
+                for i in range(s.n):
+                    end = s.past + i + 1
+                    row = query[:, :, s.first_row + i : s.first_row + i + 1]
+                    outs.append(grouped_sdpa(row, keys[None, :, :end], values[None, :, :end], None, scaling))
+            else:
+                outs.append(grouped_sdpa(query[:, :, rows], keys[None], values[None], None, scaling))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

@@ -63,7 +63,7 @@ def peer_precision(target) -> tuple[str, str | None]:
     """(the IR's weight format, the inference precision to ask for) that match how leapdecode runs `target`: fp32
     weights and f32 inference for a float32 model; for a q4 model (4-bit weights in groups of 32, bf16 products)
     OpenVINO's int4 weights in groups of 32 (NNCF keeps the embedding and head at 8 bits, as our q4 does the head)
-    and OpenVINO's own choice of inference precision on this CPU (bf16 where it has native bf16)."""
+    and OpenVINO's own choice of inference and KV cache precision on this CPU (bf16 where it has native bf16)."""
     return ("int4", None) if dtype_name(target.model) == "q4" else ("fp32", "f32")
 
 

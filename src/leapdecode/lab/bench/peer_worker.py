@@ -4,8 +4,8 @@ It imports openvino_genai and the standard library only (not torch, not leapdeco
 Protocol: one JSON object per line on stdin, one JSON answer per line on the original stdout (the libraries' own
 prints go to stderr). Every answer carries `peak_rss_mb` (this process's peak RSS) or `error` (one line).
 
-    {"op": "load", "ir": DIR, "kind": "llm" | "cb", "threads": N, "prompt_lookup": bool, "kv_cache": "f32",
-     "precision": "f32" | null (OpenVINO's default),
+    {"op": "load", "ir": DIR, "kind": "llm" | "cb", "threads": N, "prompt_lookup": bool, "kv_cache": "f32" | null,
+     "precision": "f32" | null (null: OpenVINO's default on this CPU),
      "scheduler": {"cache_size": GB, "max_num_batched_tokens": N, "max_num_seqs": N, "dynamic_split_fuse": bool}}
     {"op": "generate", "ids": [...], "text": TEMPLATED_PROMPT, "max_new_tokens": N, "stop_ids": [...],
      "num_assistant_tokens": K, "max_ngram_size": N}          -> tokens, wall, ttft, tokenizer_ids_match
@@ -25,9 +25,10 @@ STATE: dict = {}
 
 
 def _properties(req: dict) -> dict:
-    props = {"INFERENCE_NUM_THREADS": int(req["threads"]), "KV_CACHE_PRECISION": req.get("kv_cache", "f32")}
-    if req.get("precision", "f32"):  # None: OpenVINO's own choice on this CPU
-        props["INFERENCE_PRECISION_HINT"] = req.get("precision", "f32")
+    props = {"INFERENCE_NUM_THREADS": int(req["threads"])}
+    for key, field in (("INFERENCE_PRECISION_HINT", "precision"), ("KV_CACHE_PRECISION", "kv_cache")):
+        if req.get(field, "f32"):  # None: OpenVINO's own choice on this CPU
+            props[key] = req.get(field, "f32")
     return props
 
 
@@ -53,10 +54,7 @@ def load(req: dict) -> dict:
         "openvino": ov.__version__,
         "openvino_genai": ov_genai.__version__,
         "cpu_defaults": defaults,
-        "properties": {k: str(v) for k, v in props.items()}
-        | {
-            "INFERENCE_PRECISION_HINT": str(props.get("INFERENCE_PRECISION_HINT", defaults["INFERENCE_PRECISION_HINT"]))
-        },
+        "properties": defaults | {k: str(v) for k, v in props.items()},
     }
 
 

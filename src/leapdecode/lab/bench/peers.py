@@ -10,7 +10,8 @@ same HF greedy reference.
 OpenVINO runs in a worker process (`peer_worker.py`, no torch in it): its peak RSS is its own, and its thread pool
 never shares a process with torch's. The IR comes from `peer_export.py` (once, cached). Inference precision is f32
 (INFERENCE_PRECISION_HINT) and so is the KV cache (KV_CACHE_PRECISION) unless `kv_cache` says otherwise; beside a
-q4 target the IR has int4 weights and OpenVINO picks its inference precision (`peer_precision`). The report states
+q4 target the IR has int4 weights and OpenVINO picks its inference and KV cache precisions (`peer_precision`; its
+bf16 paged attention takes only a bf16 KV cache). The report states
 weights and precisions and OpenVINO's own defaults on the host. Optional: `pip install 'leapdecode[peers]'`.
 """
 
@@ -120,7 +121,7 @@ class Peers:
                     ir=str(self.ir),
                     kind="llm",
                     threads=threads,
-                    kv_cache=self.kv_cache,
+                    kv_cache=self.kv_cache if precision else None,
                     precision=precision,
                     prompt_lookup=method == "openvino-prompt-lookup",
                 )
@@ -158,7 +159,7 @@ class Peers:
                 f"LLMPipeline{' with prompt_lookup=True, ' + _pl() if 'prompt-lookup' in method else ''}, "
                 f"own process; IR {self.ir.name} from {OPTIMUM_INTEL} ({self.weights} weights); "
                 f"INFERENCE_NUM_THREADS {info['properties']['INFERENCE_NUM_THREADS']}, inference precision "
-                f"{info['properties']['INFERENCE_PRECISION_HINT']}, KV cache {info['properties']['KV_CACHE_PRECISION']} "
+                f"{_short(info['properties']['INFERENCE_PRECISION_HINT'])}, KV cache {_short(info['properties']['KV_CACHE_PRECISION'])} "
                 f"(OpenVINO's defaults on this CPU: {_short(defaults['INFERENCE_PRECISION_HINT'])} inference, "
                 f"{_short(defaults['KV_CACHE_PRECISION'])} KV cache); fed our prompt token ids, and OpenVINO's own "
                 f"tokenizer reads the templated prompt as the same ids on {sum(checks)} of {len(checks)} distinct "
@@ -213,7 +214,7 @@ def run_cb(
             ir=str(ir),
             kind="cb",
             threads=threads,
-            kv_cache=kv_cache,
+            kv_cache=kv_cache if precision else None,
             precision=precision,
             scheduler={
                 "cache_size": CB_CACHE_GB,
@@ -244,7 +245,7 @@ def describe_cb(info: dict, max_batch_tokens: int) -> str:
         f"process per run (peak RSS is that process's), IR {info['ir']} from {OPTIMUM_INTEL} ({info['weights']} weights); "
         f"SchedulerConfig cache_size {CB_CACHE_GB} GB, dynamic_split_fuse, max_num_batched_tokens {max_batch_tokens}, "
         f"max_num_seqs C; INFERENCE_NUM_THREADS {props['INFERENCE_NUM_THREADS']}, inference precision "
-        f"{props['INFERENCE_PRECISION_HINT']}, KV cache {props['KV_CACHE_PRECISION']} (OpenVINO's defaults on this "
+        f"{_short(props['INFERENCE_PRECISION_HINT'])}, KV cache {_short(props['KV_CACHE_PRECISION'])} (OpenVINO's defaults on this "
         f"CPU: {_short(defaults['INFERENCE_PRECISION_HINT'])} inference, {_short(defaults['KV_CACHE_PRECISION'])} "
         "KV cache); fed our prompt token ids"
     )
