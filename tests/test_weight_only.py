@@ -129,3 +129,22 @@ def test_q4_verified_rows_get_the_bits_of_one_row_steps(rows_alone, monkeypatch)
     runner.rollback(len(rows))
     alone = torch.cat([runner.forward([t]) for t in rows])
     assert torch.equal(together, alone) == rows_alone
+
+
+@pytest.mark.parametrize("whole_prompts", [True, False])
+def test_q4_engine_reads_whole_prompts_so_requests_get_the_bits_of_their_solo_decoding(tmp_path, whole_prompts):
+    """On a q4 model the Engine reads each prompt in one call and never after a cached prefix (what
+    Scheduler.whole_prompts does): then every request's logprobs, under a row budget that would chunk its prompt and
+    beside others sharing its prefix, are those of its solo decoding bit for bit. The control reads prompts in chunks
+    of the row budget: attention kernels split long inputs by their length, and the bits differ."""
+    target = resolve_model(str(make_tiny_hf_dir(tmp_path / "tiny", context=512)), dtype="q4")
+    gen = torch.Generator().manual_seed(11)
+    shared = torch.randint(4, 64, (200,), generator=gen).tolist()
+    prompts = [shared + torch.randint(4, 64, (n,), generator=gen).tolist() for n in (5, 60, 150, 250)]
+    solo = [generate(target, p, drafter="none", max_new_tokens=12, logprobs=0).logprobs for p in prompts]
+    engine = Engine(target, drafter="prompt-lookup", max_batch_tokens=96)
+    assert engine.scheduler.whole_prompts and engine.scheduler.prefix_cache.max_tokens == 0
+    engine.scheduler.whole_prompts = whole_prompts
+    results = engine.generate_many(prompts, max_new_tokens=12, logprobs=0)
+    same = [[lp.logprob for lp in r.logprobs] == [lp.logprob for lp in s] for r, s in zip(results, solo)]
+    assert all(same) if whole_prompts else not all(same)

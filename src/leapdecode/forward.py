@@ -35,7 +35,7 @@ class ModelForward:
         self.model = model
         self.packed_weights = packed_weights
         self.decoder = prepare_model(model, packed_weights)
-        self.rows_alone = is_q4(model)  # its products give a row the same bits whatever the row count (FlatBatch)
+        self.rows_alone = rows_alone(model)
 
     @torch.inference_mode()
     def __call__(
@@ -58,6 +58,14 @@ class ModelForward:
                     input_ids=ids[None], use_cache=False, position_ids=positions[None], logits_to_keep=keep
                 ).logits[0]
             return logits, captured[-1][0, keep] if captured else None
+
+
+def rows_alone(model: torch.nn.Module) -> bool:
+    """Whether new rows of a sequence with a past attend one call per row (kv.slots.FlatBatch.rows_alone) and the
+    engine reads each prompt in one call (engine.scheduler): for models whose other operations give a row the same
+    bits whatever the row count, rounded in bf16 (q4 weights, models.weight_only), where a last-bit difference
+    between two ways of computing a row flips near-ties often enough to matter."""
+    return is_q4(model)
 
 
 def prepare_model(model: torch.nn.Module, packed_weights: bool) -> FusedDecoder | None:

@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 from ..drafters import Drafter
 from ..drafters.factory import drafter_factory
 from ..errors import LeapDecodeError, require
+from ..forward import rows_alone
 from ..host import available_memory
 from ..models.resolve import resolve_model
 from ..params import REQUEST_OPTIONS, DraftConfig, RequestParams
@@ -99,7 +100,9 @@ class Engine:
         self.kv_cache_bytes = scheduler.kv_cache_bytes or default_kv_cache_bytes()
         kv_tokens = self.kv_cache_bytes // self.kv_token_bytes
         layers = self.model.config.num_hidden_layers
-        self.scheduler = Scheduler(scheduler, draft, make_drafter, sequence_options, layers, kv_tokens)
+        self.scheduler = Scheduler(
+            scheduler, draft, make_drafter, sequence_options, layers, kv_tokens, whole_prompts=rows_alone(self.model)
+        )
         self.executor = Executor(self.model, packed_weights, self.scheduler.prefix_cache)
         self._ids = itertools.count()
         self._lock = threading.Lock()  # guards _cancels and _requests (touched by other threads)

@@ -112,13 +112,17 @@ class Scheduler:
         sequence_options: dict,
         layers: int,
         kv_tokens: int,
+        whole_prompts: bool = False,
     ):
         self.config, self.draft, self.make_drafter = config, draft, make_drafter
+        # each prompt read in one chunk and never after a cached prefix, so its rows get the bits of the request's
+        # prefill alone (forward.rows_alone: q4 models); at the cost of SARATHI's chunking and of prefix reuse
+        self.whole_prompts = whole_prompts
         self.sequence_options, self.layers, self.kv_tokens = sequence_options, layers, kv_tokens
         self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
         self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
         self.gate = SpeculationGate()  # whether drafts have paid at this load, measured
-        self.prefix_cache = PrefixCache(min(config.prefix_cache_tokens, kv_tokens // 2))
+        self.prefix_cache = PrefixCache(0 if whole_prompts else min(config.prefix_cache_tokens, kv_tokens // 2))
         self.lock = threading.Lock()  # guards `incoming` (touched by other threads)
         self.incoming: deque[Request] = deque()
         self.waiting: deque[Request] = deque()
@@ -161,7 +165,8 @@ class Scheduler:
         self.take_incoming()
         while self.waiting and len(self.running) < self.config.max_sequences:
             request = self.waiting[0]
-            first_chunk = min(len(request.reading), MIN_CHUNK) + self.draft.max_draft_length + 1
+            first_chunk = len(request.reading) if self.whole_prompts else min(len(request.reading), MIN_CHUNK)
+            first_chunk += self.draft.max_draft_length + 1
             if self.running and self.kv_in_use + room_for(first_chunk) > self.kv_tokens:
                 break  # it waits for room; alone it always runs (a request too long for the budget fails in _fit)
             self.waiting.popleft()
@@ -206,7 +211,10 @@ class Scheduler:
         chunks, rows = [], len(decoding) + sum(draft_lengths)
         for request in self.running:
             if not request.decoding and rows < row_budget:
-                n = min(len(request.reading) - request.read, row_budget - rows)
+                left = len(request.reading) - request.read
+                n = left if self.whole_prompts else min(left, row_budget - rows)
+                if chunks and rows + n > row_budget:
+                    continue  # a whole prompt that does not fit waits; the first one of a step always goes
                 chunks.append((request, n))
                 rows += n
         decoding, draft_lengths, chunks = self._fit(decoding, draft_lengths, chunks)
