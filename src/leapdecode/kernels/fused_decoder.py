@@ -67,7 +67,9 @@ def _layer_supported(layer) -> bool:
     plain = all(type(p) is torch.nn.Linear and _eligible(p.weight) for p in projections)
     return (
         hasattr(mlp, "act_fn")
-        and (plain and len({p.weight.dtype for p in projections}) == 1 or all(type(p) is Q4Linear for p in projections))
+        and (
+            (plain and len({p.weight.dtype for p in projections}) == 1) or all(type(p) is Q4Linear for p in projections)
+        )
         and _bias_alike(projections[:3])
         and _bias_alike(projections[4:6])
     )
