@@ -46,7 +46,7 @@ def excused_divergences(model, prompt: list[int], out: list[int], bound: float) 
     comparison continues with HF greedy from leapdecode's token on. Returns the excused positions; a difference
     beyond the bound fails with its margin."""
     excused, j = [], 0
-    while True:
+    while j < len(out):  # (an excused divergence at the last token leaves nothing more to compare)
         reference = out[:j] + hf_greedy(model, prompt + out[:j], len(out) - j)
         diff = next((i for i in range(j, len(out)) if out[i] != reference[i]), None)
         if diff is None:
@@ -61,6 +61,7 @@ def excused_divergences(model, prompt: list[int], out: list[int], bound: float) 
         )
         excused.append(diff)
         j = diff + 1
+    return excused
 
 
 def leapdecode_greedy(model, prompt, drafter, packed_weights=True, max_new_tokens=MAX_NEW) -> list[int]:
