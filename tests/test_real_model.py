@@ -100,3 +100,22 @@ def test_sampling_is_reproducible_with_a_seed(smollm):
         smollm, PROMPTS[3], drafter="prompt-lookup", temperature=0.8, top_p=0.9, seed=7, max_new_tokens=24
     )
     assert a.token_ids == b.token_ids
+
+
+@pytest.fixture(scope="module")
+def smollm_q4():
+    return load_model("smollm2-135m", dtype="q4")
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "head"])
+def test_q4_drafters_reproduce_greedy_of_the_q4_model(smollm_q4, drafter):
+    """The packaged model at 4 bits (models.weight_only): every drafter reproduces HF greedy of that q4 model token for
+    token, alone and in the Engine (whose prompts it reads whole on q4 models), on bf16 products where a last-bit
+    difference between two ways of computing a row would flip near-ties."""
+    prompts = [encode_prompt(smollm_q4.tokenizer, p) for p in PROMPTS]
+    expected = [hf_greedy(smollm_q4, ids, 48) for ids in prompts]
+    for ids, reference in zip(prompts, expected):
+        got = leapdecode.generate(smollm_q4, ids, drafter=drafter, max_new_tokens=48).token_ids
+        assert got == reference, divergence_report(smollm_q4, ids, reference, got)
+    engine = leapdecode.Engine(smollm_q4, drafter=drafter)
+    assert [r.token_ids for r in engine.generate_many(prompts, max_new_tokens=48)] == expected
