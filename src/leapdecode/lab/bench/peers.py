@@ -11,8 +11,8 @@ OpenVINO runs in a worker process (`peer_worker.py`, no torch in it): its peak R
 never shares a process with torch's. The IR comes from `peer_export.py` (once, cached). Inference precision is f32
 (INFERENCE_PRECISION_HINT) and so is the KV cache (KV_CACHE_PRECISION) unless `kv_cache` says otherwise; beside a
 q4 target the IR has int4 weights and OpenVINO picks its inference and KV cache precisions (`peer_precision`; its
-bf16 paged attention takes only a bf16 KV cache). The report states
-weights and precisions and OpenVINO's own defaults on the host. Optional: `pip install 'leapdecode[peers]'`.
+bf16 paged attention takes only a bf16 KV cache). The report states weights and precisions and OpenVINO's own
+defaults on the host. Optional: `pip install 'leapdecode[peers]'`.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class Peers:
             return self
         check_available()
         self.ir, self.threads = ensure_ir(target, console), threads
-        self.weights, precision = peer_precision(target)
+        self.weights = peer_precision(target)[0]
         try:
             for method in wanted:
                 worker = PeerWorker()
@@ -121,8 +121,7 @@ class Peers:
                     ir=str(self.ir),
                     kind="llm",
                     threads=threads,
-                    kv_cache=self.kv_cache if precision else None,
-                    precision=precision,
+                    **_precisions(target, self.kv_cache),
                     prompt_lookup=method == "openvino-prompt-lookup",
                 )
         except BaseException:
@@ -176,6 +175,13 @@ class Peers:
             worker.close()
 
 
+def _precisions(target, kv_cache: str) -> dict:
+    """The worker's load fields for inference and KV cache precision: `kv_cache` beside f32 inference; where OpenVINO
+    chooses its inference precision (a q4 target), it chooses the KV cache's too."""
+    precision = peer_precision(target)[1]
+    return {"precision": precision, "kv_cache": kv_cache if precision else None}
+
+
 def _pl() -> str:
     return ", ".join(f"{k} {v}" for k, v in PROMPT_LOOKUP.items())
 
@@ -206,7 +212,7 @@ def run_cb(
     load info)."""
     check_available()
     ir = ensure_ir(target, console)
-    weights, precision = peer_precision(target)
+    weights = peer_precision(target)[0]
     worker = PeerWorker()
     try:
         info = worker.call(
@@ -214,8 +220,7 @@ def run_cb(
             ir=str(ir),
             kind="cb",
             threads=threads,
-            kv_cache=kv_cache if precision else None,
-            precision=precision,
+            **_precisions(target, kv_cache),
             scheduler={
                 "cache_size": CB_CACHE_GB,
                 "max_num_batched_tokens": max_batch_tokens,
