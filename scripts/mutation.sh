@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf mutants  # mutmut keeps its state there; start from the working tree as it is now
+# mutmut forks a child per mutant from a process that has run torch: with OpenMP's thread pool started, a forked
+# child can wait forever on threads it does not have (mutants then "time out" idle). One thread each avoids it.
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 .venv/bin/mutmut run --max-children "${JOBS:-2}" >mutation.log 2>&1 || { tail -c 2000 mutation.log; exit 1; }
 .venv/bin/python - <<'PY'
 import json, pathlib

@@ -84,6 +84,39 @@ def test_bench_batch_fails_on_a_planted_mismatch(tiny_dir, tmp_path, monkeypatch
     assert "differ from solo greedy" in (tmp_path / "bad" / "report.md").read_text()
 
 
+def test_repeats_interleave_the_methods_and_report_medians_and_paired_ratios(tiny_dir, tmp_path, monkeypatch):
+    from leapdecode.lab.bench.batch import combine_repeats, interleaved_runs
+
+    assert interleaved_runs(["hf-generate", "engine", "engine-head"], [1, 4], 2) == [
+        ("hf-generate", 1),
+        *[("engine", 1), ("engine-head", 1), ("engine", 4), ("engine-head", 4)],
+        *[("engine-head", 1), ("engine", 1), ("engine-head", 4), ("engine", 4)],  # the order rotates per repeat
+    ]
+
+    def run(rate, identical=2):
+        return {"output_tok_s": rate, "identical": identical, "mismatches": [{}] * (2 - identical)}
+
+    rows = combine_repeats(
+        {
+            ("engine", 4): [run(100), run(50), run(80)],
+            ("engine-head", 4): [run(90), run(60, identical=1), None],
+        }
+    )
+    assert rows[("engine", 4)]["output_tok_s"] == 80 and rows[("engine", 4)]["runs_tok_s"] == [100, 50, 80]
+    head = rows[("engine-head", 4)]
+    assert head["output_tok_s"] == 60 and head["vs_engine_runs"] == [0.9, 1.2]  # paired by repeat
+    assert head["identical"] == 1 and len(head["mismatches"]) == 1  # the worst repeat counts
+
+    out = tmp_path / "rep"
+    argv = ["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--concurrency", "2", "--requests", "2"]
+    argv += ["--max-new-tokens", "4", "--methods", "engine,engine-prompt-lookup", "--repeats", "2", "--no-progress"]
+    assert main([*argv, "--out", str(out)]) == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert [len(r["runs_tok_s"]) for r in runs] == [2, 2] and all(len(r["vs_engine_runs"]) == 2 for r in runs)
+    assert "| engine-prompt-lookup | 2 |" in (out / "report.md").read_text()
+    assert main([*argv[:-3], "--repeats", "0", "--out", str(out)]) == 2
+
+
 @pytest.mark.parametrize("scenario", ["prefill-stall", "prefix-reuse"])
 def test_bench_batch_scenarios(tiny_dir, tmp_path, scenario):
     out = tmp_path / scenario

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from leapdecode.attention import grouped_sdpa
 from leapdecode.controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
 from leapdecode.drafters.base import EMPTY, Draft, Drafter
 from leapdecode.errors import LeapDecodeError
-from leapdecode.kv.slots import FlatBatch, Segment, SequenceKV
+from leapdecode.kv.slots import ROWS_ALONE_MAX, SPARE, CacheSlot, FlatBatch, Segment, SequenceKV, room_for
 from leapdecode.sampling import SamplingConfig, generator_at, probabilities
 from leapdecode.sequence import SequenceState
 from leapdecode.verify import _sample, greedy_accept, speculative_accept
@@ -352,11 +353,17 @@ def test_draft_probabilities_of_another_vocabulary_size_are_aligned_to_the_targe
 def test_a_kv_slot_grows_in_place_keeps_its_rows_and_truncate_only_shortens():
     kv = SequenceKV(2)
     a = torch.randn(2, 5, 4)
+    assert kv.capacity == 0 and kv.capacity_for(5) == 5 + SPARE
     keys, values = kv.write(0, 0, a, -a)
-    assert torch.equal(keys, a) and torch.equal(values, -a)
+    assert torch.equal(keys, a) and torch.equal(values, -a) and kv.capacity == 5 + SPARE
+    assert kv.capacity_for(5 + SPARE) == 5 + SPARE  # a write that fills the buffer exactly does not grow it
+    keys, values = kv.write(0, 5, a[:, :1].expand(2, SPARE, 4), -a[:, :1].expand(2, SPARE, 4))
+    assert kv.capacity == 5 + SPARE and torch.equal(values[:, :5], -a)
     b = torch.randn(2, 200, 4)  # past the spare capacity: the buffer grows, the first rows stay
-    keys, _ = kv.write(0, 5, b, b)
+    assert kv.capacity_for(205) == room_for(205) == 205 + 102  # half the length beyond SPARE
+    keys, values = kv.write(0, 5, b, -b)
     assert keys.shape[1] == 205 and torch.equal(keys[:, :5], a) and torch.equal(keys[:, 5:], b)
+    assert torch.equal(values[:, :5], -a) and torch.equal(values[:, 5:], -b) and kv.capacity == 205 + 102
     c = torch.randn(2, 3, 4)
     keys, _ = kv.write(0, 2, c, c)  # a rollback to 2 then new rows: written over, the view ends at them
     assert keys.shape[1] == 5 and torch.equal(keys[:, :2], a[:, :2]) and torch.equal(keys[:, 2:], c)
@@ -380,6 +387,31 @@ def test_a_kv_slot_loads_a_cached_prefix_and_copies_rows_out():
     )
     k[0].zero_()
     assert not torch.equal(kv.keys[0][:, 2:5], k[0])  # copies, not views
+
+
+def test_kv_slots_list_their_valid_rows_per_layer_and_an_hf_cache_slot_crops_on_rollback():
+    """SequenceKV.layers and CacheSlot (an HF cache behind the slot interface, for KV presses) give each layer's
+    valid rows in HF's layout; rolling back forgets the last rows of every layer."""
+    from transformers import DynamicCache
+
+    rows = [torch.randn(2, 7, 4) for _ in range(2)]
+    kv, hf = SequenceKV(2), CacheSlot(DynamicCache())
+    for slot in (kv, hf):
+        for layer, r in enumerate(rows):
+            keys, values = slot.write(layer, 0, r[:, :5], -r[:, :5])
+            assert torch.equal(keys, r[:, :5]) and torch.equal(values, -r[:, :5])
+        for layer, r in enumerate(rows):
+            keys, values = slot.write(layer, 5, r[:, 5:], -r[:, 5:])
+            assert torch.equal(keys, r) and torch.equal(values, -r)
+        assert slot.length == 7
+        slot.truncate(9)
+        assert slot.length == 7
+        slot.truncate(3)
+        assert slot.length == 3
+        listed = slot.layers()
+        assert len(listed) == 2
+        for (keys, values), r in zip(listed, rows):
+            assert torch.equal(keys, r[None, :, :3]) and torch.equal(values, -r[None, :, :3])
 
 
 def test_flat_batch_attention_keeps_sequences_apart_and_causal():
@@ -409,6 +441,44 @@ def test_flat_batch_attention_keeps_sequences_apart_and_causal():
         want = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ values
         torch.testing.assert_close(out[0, :, sl], want, rtol=1e-5, atol=1e-5)
         first += rows
+
+
+@pytest.mark.parametrize("n", [2, ROWS_ALONE_MAX, ROWS_ALONE_MAX + 1])
+def test_rows_alone_attend_one_call_per_row_up_to_the_cap(n, monkeypatch):
+    """With rows_alone (q4 models), each new row of a sequence with a past attends in a call of its own over exactly
+    its past, at the layer's scaling, as a one-row decode step would; longer steps (prompt chunks) and sequences
+    without a past attend in one call. The calls are recorded: which rows differ in their last bits between the two
+    ways depends on the data and the CPU, the calls do not."""
+    calls = []
+
+    def recording(query, key, value, mask, scaling):
+        calls.append((query.shape[2], key.shape[2], scaling))
+        return grouped_sdpa(query, key, value, mask, scaling)
+
+    monkeypatch.setattr("leapdecode.kv.slots.grouped_sdpa", recording)
+    torch.manual_seed(0)
+    heads, kv_heads, d, past, scaling = 4, 2, 16, 40, 0.3
+    q = torch.randn(1, heads, n, d, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, kv_heads, n, d, dtype=torch.bfloat16) for _ in range(2))
+    p = torch.randn(kv_heads, past, d, dtype=torch.bfloat16)
+    slot = SequenceKV(1)
+    slot.load([p], [-p])
+    layout = FlatBatch([Segment(slot, 0, n, past)])
+    layout.rows_alone = True
+    out = layout.attend(0, q, k, v, scaling)
+    alone = n <= ROWS_ALONE_MAX
+    assert calls == ([(1, past + i + 1, scaling) for i in range(n)] if alone else [(n, past + n, scaling)])
+    keys, values = torch.cat([p, k[0]], 1)[None], torch.cat([-p, v[0]], 1)[None]
+    rows = [
+        grouped_sdpa(q[:, :, i : i + 1], keys[:, :, : past + i + 1], values[:, :, : past + i + 1], None, scaling)
+        for i in range(n)
+    ]
+    assert torch.equal(out, torch.cat(rows, dim=2) if alone else grouped_sdpa(q, keys, values, None, scaling))
+    calls.clear()
+    fresh = FlatBatch([Segment(SequenceKV(1), 0, n, 0)])
+    fresh.rows_alone = True
+    assert torch.equal(fresh.attend(0, q, k, v, scaling), grouped_sdpa(q, k, v, None, scaling))
+    assert calls == [(n, n, scaling)]
 
 
 # ------------------------------------------------------------------ the batch planner

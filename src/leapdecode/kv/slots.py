@@ -110,7 +110,7 @@ class CacheSlot:
 
 def _grown(old: torch.Tensor | None, new: torch.Tensor, keep: int, capacity: int) -> torch.Tensor:
     buffer = new.new_empty((new.shape[0], capacity, new.shape[2]))
-    if old is not None and keep:
+    if old is not None:
         buffer[:, :keep] = old[:, :keep]
     return buffer
 
@@ -137,9 +137,10 @@ class FlatBatch:
     rounding in bf16 turns the last-bit differences of a many-row attention call into different tokens often enough
     to matter."""
 
-    def __init__(self, segments: list[Segment], rows_alone: bool = False):
+    rows_alone = False  # ModelForward sets it per model
+
+    def __init__(self, segments: list[Segment]):
         self.segments = segments
-        self.rows_alone = rows_alone
 
     def attend(self, layer: int, query, key, value, scaling) -> torch.Tensor:
         """query [1, H, R, d], key/value [1, KVH, R, d] for the step's R rows -> [1, H, R, d]."""

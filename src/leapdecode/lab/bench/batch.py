@@ -195,6 +195,40 @@ def _record(tokens, sent, first, end, wall: float, extra: dict) -> dict:
     }
 
 
+def interleaved_runs(methods: list[str], concurrency: list[int], repeats: int) -> list[tuple[str, int]]:
+    """(method, concurrency) in the order to run them: per repeat, every method at one concurrency before the next,
+    the methods' order rotated by one each repeat, so that a drift of the machine's speed (another tenant, heat)
+    falls on all methods alike and a ratio between methods of the same repeat compares like with like.
+    hf-generate (one request at a time: concurrency does not apply) runs once, first."""
+    runs = [("hf-generate", concurrency[0])] if "hf-generate" in methods else []
+    others = [m for m in methods if m != "hf-generate"]
+    for repeat in range(repeats):
+        turn = others[repeat % len(others) :] + others[: repeat % len(others)] if others else []
+        runs += [(m, c) for c in concurrency for m in turn]
+    return runs
+
+
+def combine_repeats(records: dict[tuple[str, int], list[dict | None]]) -> dict[tuple[str, int], dict]:
+    """One row per (method, concurrency) from its repeats, in the order given: the median run (by tok/s; the lower
+    one of an even count), with every run's tok/s, and each repeat's ratio to the engine's run of the same repeat.
+    A repeat that did not run (None) is left out; outputs count as identical only where every repeat's were."""
+    rows = {}
+    for key, runs in records.items():
+        done = [r for r in runs if r is not None]
+        if not done:
+            continue
+        median = sorted(done, key=lambda r: r["output_tok_s"])[(len(done) - 1) // 2]
+        worst = min(done, key=lambda r: r.get("identical", 0))
+        row = dict(median, runs_tok_s=[r["output_tok_s"] for r in done])
+        row.update(identical=worst.get("identical"), mismatches=worst.get("mismatches", []))
+        plain = records.get(("engine", key[1]), []) if key[0] != "hf-generate" else []  # it ran once, alone
+        pairs = [(r, e) for r, e in zip(runs, plain) if r is not None and e is not None]
+        if pairs:
+            row["vs_engine_runs"] = [r["output_tok_s"] / e["output_tok_s"] for r, e in pairs]
+        rows[key] = row
+    return rows
+
+
 def check_against(target, prompts, reference: list[list[int]], record: dict) -> None:
     """Count outputs identical to the reference; describe each mismatch by the top-2 margin where it starts."""
     mismatches = []
@@ -208,6 +242,14 @@ def check_against(target, prompts, reference: list[list[int]], record: dict) -> 
 class _Ctx:
     def __init__(self, target):
         self.target = target
+
+
+def _median_and_range(values: list[float], spec: str, range_spec: str, unit: str = "") -> str:
+    """'m' for one value; 'm (lo–hi)' for several (m: the lower median, as combine_repeats picks its run)."""
+    m = sorted(values)[(len(values) - 1) // 2]
+    if len(values) == 1:
+        return f"{m:{spec}}{unit}"
+    return f"{m:{spec}}{unit} ({min(values):{range_spec}}–{max(values):{range_spec}})"
 
 
 def write_outputs(out: pathlib.Path, meta: dict, rows: list[dict], notes: list[str]) -> list[pathlib.Path]:
@@ -234,14 +276,16 @@ def write_outputs(out: pathlib.Path, meta: dict, rows: list[dict], notes: list[s
     plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["method"] == "engine"}
     table = []
     for r in rows:
-        ratio = r["output_tok_s"] / plain[r["concurrency"]] if r["concurrency"] in plain else None
+        ratios = r.get("vs_engine_runs") or (
+            [r["output_tok_s"] / plain[r["concurrency"]]] if r["concurrency"] in plain else []
+        )
         per_forward = r["output_tokens"] / r["forwards"] if r.get("forwards") else None
         table.append(
             [
                 r["method"],
                 r["concurrency"],
-                f"{r['output_tok_s']:.2f}",
-                f"{fmt(ratio, '.2f')}×",
+                _median_and_range(r.get("runs_tok_s") or [r["output_tok_s"]], ".2f", ".1f"),
+                _median_and_range(ratios, ".2f", ".2f", "×") if ratios else "–",
                 f"{r['requests_s']:.3f}",
                 f"{fmt(r['ttft_p50'], '.2f')} / {fmt(r['ttft_p99'], '.2f')}",
                 f"{fmt(r['tpot_p50'] and 1000 * r['tpot_p50'], '.0f')} / "

@@ -12,6 +12,8 @@ from .batch import (
     METHODS,
     _record,
     check_against,
+    combine_repeats,
+    interleaved_runs,
     run_engine,
     run_hf_generate,
     run_hf_generate_batch,
@@ -46,6 +48,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     if any(m in BATCH_PEER_METHODS for m in methods):
         check_available()  # one line naming the extra to install, before any model is loaded
     concurrency = _ints(args.concurrency, "--concurrency")
+    require(args.repeats > 0, f"--repeats must be positive, got {args.repeats}")
     if args.threads is not None:
         require(args.threads > 0, f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
@@ -71,12 +74,18 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
         "engine first serves C other questions of the suite untimed (steady state)",
         "max batch tokens": args.max_batch_tokens,
         "reference": "each request decoded alone by HF generate (greedy)",
+        "repeats": f"{args.repeats} (interleaved: every method at one concurrency, then the next; the order of the "
+        "methods rotates per repeat; tok/s is the median run, 'vs engine' the median of the per-repeat ratios, "
+        "ranges in brackets)"
+        if args.repeats > 1
+        else "1",
     }
     notes: list[str] = []
     rows: list[dict] = []
     if any(m in BATCH_PEER_METHODS for m in methods):
         ensure_ir(target, console)  # the one-off conversion, before the progress bar
-    runs = [(m, c) for m in methods for c in (concurrency if m != "hf-generate" else concurrency[:1])]
+    runs = interleaved_runs(methods, concurrency, args.repeats)
+    records: dict[tuple[str, int], list[dict | None]] = {}
     with Progress(console=console, disable=args.no_progress) as progress:
         task = progress.add_task("bench-batch", total=len(runs) + 1)
         reference = run_hf_generate(target, prompts, args.max_new_tokens)  # also warms every kernel up
@@ -87,11 +96,10 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
             if record is not None:
                 record.setdefault("peak_rss_mb", peak_rss_mb())
                 check_against(target, prompts, reference["tokens"], record)
-                rows += [
-                    dict(record, method=method, concurrency=cc)
-                    for cc in (concurrency if method == "hf-generate" else [c])
-                ]
+            records.setdefault((method, c), []).append(record)
             progress.advance(task)
+    for (method, c), row in combine_repeats(records).items():
+        rows += [dict(row, method=method, concurrency=cc) for cc in (concurrency if method == "hf-generate" else [c])]
     notes.append(
         "peak RSS: peak resident memory (VmHWM) of the process that ran the method: the bench process for HF's and leapdecode's methods "
         "(one process, so it includes everything that ran before), a fresh process per run for a peer"
@@ -211,6 +219,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--per-category", type=int)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-batch-tokens", type=int, default=256)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed runs of every method at every concurrency, interleaved (median and range reported; "
+        "hf-generate runs once)",
+    )
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | q4 (all methods, peers included)")
     p.add_argument("--draft-dtype", default="int8")
     p.add_argument("--hf-kernels", action="store_true", help="the engine uses HF's forward and F.linear too")
