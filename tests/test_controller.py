@@ -80,3 +80,82 @@ def test_a_draft_after_plain_steps_is_not_timed():
     assert c.draft_seconds is None
     c.update(4, 4, 5, 0.06, 0.04)  # a draft that follows a draft: 10 ms per token
     assert c.draft_seconds == 0.01
+
+
+# ------------------------------------------------------------------ exact rules (mutation testing's survivors)
+
+
+def test_step_costs_ignore_empty_measurements_and_average_with_decay():
+    from leapdecode.controller import COST_DECAY, StepCost
+
+    costs = StepCost()
+    costs.record(0, 1.0)  # no rows
+    costs.record(2, 0.0)  # no time
+    assert not costs and 0 not in costs and 2 not in costs
+    costs.record(4, 1.0)
+    costs.record(4, 2.0)
+    assert costs.seconds == {4: COST_DECAY * 1.0 + (1 - COST_DECAY) * 2.0}
+
+
+def test_the_plan_charges_drafting_time_and_keeps_only_real_gains():
+    import pytest
+
+    from leapdecode.controller import DraftDemand, StepCost, plan_draft_lengths
+
+    flat = StepCost()
+    for rows in range(1, 20):
+        flat.record(rows, 1.0)
+
+    def brute_force(a, cap, per_token):  # expected tokens per second of k = 0..cap, for one sequence
+        rates = [sum(a**i for i in range(k + 1)) / (1.0 + k * per_token) for k in range(cap + 1)]
+        return rates.index(max(rates))
+
+    assert brute_force(0.9, 4, 0.6) == 2
+    assert plan_draft_lengths([DraftDemand(0.9, 0.6, 4)], flat, 1, 1.0) == [2]  # drafting time counts
+    assert plan_draft_lengths([DraftDemand(0.0, 0.0, 4)], flat, 1, 1.0) == [0]  # a draft nobody accepts: none
+    assert plan_draft_lengths([DraftDemand(0.9, 0.0, 4)], flat, 1, 1.0, k_min=3) == [4]  # k_min skips, not stops
+    with pytest.raises(Exception, match="k_min"):
+        DraftLengthController(k_min=3, k_init=2)
+
+
+def test_a_fixed_controller_demands_its_own_k():
+    assert DraftLengthController(k_init=3, adaptive=False).demand(10).cap == 3
+    assert DraftLengthController(k_init=3).demand(10).cap == 10
+
+
+def test_acceptance_and_drafting_time_estimates_exactly():
+    from leapdecode.controller import COST_DECAY, DECAY
+
+    c = DraftLengthController()
+    c.update(4, 2)
+    c.update(4, 4)
+    assert (c.accepted, c.rejected) == (2 * DECAY + 4, 1 * DECAY + 0)
+    assert c.draft_seconds == 0.0  # drafting time not given: none
+    c = DraftLengthController()
+    for seconds in (0.1, 0.2, 0.4):  # one-token drafts; the first follows no draft, so it is not timed
+        c.update(1, 1, draft_seconds=seconds)
+    assert abs(c.draft_seconds - (COST_DECAY * 0.2 + (1 - COST_DECAY) * 0.4)) < 1e-12
+
+
+def test_best_k_respects_k_min():
+    c = DraftLengthController(k_min=3, k_init=3)
+    c.forward_seconds = {1: 1.0, 2: 1.0, 3: 2.0, 4: 3.0, 5: 4.0}  # one draft row is free, three are not worth it
+    assert c.best_k() == 0
+    assert DraftLengthController(k_min=1, k_init=3, costs=c.costs).best_k() == 1
+
+
+def test_plain_steps_are_counted_exactly_and_reset_by_a_draft():
+    from leapdecode.controller import REPROBE_STEPS
+
+    c = DraftLengthController(k_init=4)
+    c.forward_seconds = {1: 1.0, **{rows: 100.0 for rows in range(2, 18)}}  # drafting never pays
+    for step in range(1, REPROBE_STEPS):
+        c.update(0, 0, 1, 1.0)
+        assert (c.k, c.plain_steps) == (0, step)
+    c.update(0, 0, 1, 1.0)
+    assert (c.k, c.plain_steps) == (4, 0)  # the REPROBE_STEPS-th plain step in a row: try drafting again
+    c.update(0, 0, 1, 1.0)
+    assert (c.k, c.plain_steps) == (0, 1)
+    c.forward_seconds = dict.fromkeys(range(1, 18), 1.0)  # now rows are free: a draft resets the count
+    c.update(0, 0, 1, 1.0)
+    assert c.k > 0 and c.plain_steps == 0

@@ -14,7 +14,7 @@ from leapdecode.drafters.base import EMPTY, Draft, Drafter
 from leapdecode.errors import LeapDecodeError
 from leapdecode.kv.slots import ROWS_ALONE_MAX, SPARE, CacheSlot, FlatBatch, Segment, SequenceKV, room_for
 from leapdecode.sampling import SamplingConfig, generator_at, probabilities
-from leapdecode.sequence import SequenceState
+from leapdecode.sequence import SequenceState, _match_vocab, _suppress
 from leapdecode.verify import _sample, greedy_accept, speculative_accept
 
 # ------------------------------------------------------------------ greedy_accept
@@ -318,6 +318,48 @@ def test_the_first_step_sets_time_to_first_token_once_and_finish_closes_the_reco
     assert seq.finish().stop_reason == "abort"  # no reason: the one set stays
 
 
+def test_a_step_tells_the_controller_what_it_measured_and_keeps_the_times(monkeypatch):
+    """A fake clock (each reading 1 s later) makes every recorded time exact."""
+    from types import SimpleNamespace
+
+    clock = iter(range(1, 100))
+    monkeypatch.setattr("leapdecode.sequence.time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    updates = []
+
+    class Recording(DraftLengthController):
+        def update(self, *args):
+            updates.append(args)
+
+    seq = SequenceState(
+        [1, 2, 3],
+        ScriptedDrafter([7, 8]),
+        sampling=SamplingConfig(),
+        controller=Recording(adaptive=False),
+        max_new_tokens=10,
+        eos_ids=set(),
+        context_length=100,
+    )  # the clock reads 1
+    assert seq.stats.prompt_tokens == 3
+    seq.accept(one_hot_logits([6]))  # reads 2
+    assert seq.stats.time_to_first_token == 1.0
+    seq.propose(2)  # reads 3 and 4
+    seq.accept(one_hot_logits([7, 5, 1]), forward_tokens=3, forward_seconds=0.5)
+    seq.propose(2)  # reads 5 and 6
+    seq.accept(one_hot_logits([7, 8, 2]))
+    assert updates == [(0, 0, 0, 0.0, 0.0), (2, 1, 3, 0.5, 1.0), (2, 2, 0, 0.0, 1.0)]
+    assert seq.stats.time_to_first_token == 1.0 and seq.stats.draft_time == 2.0
+    assert seq.finish().total_time == 6.0  # reads 7
+
+
+def test_stop_tokens_are_masked_only_where_min_tokens_asks_and_only_inside_the_vocabulary():
+    seq = state(eos={6})  # min_tokens defaults to 0: EOS may come first
+    seq.accept(one_hot_logits([6]))
+    assert seq.out == [6] and seq.stats.stop_reason == "eos"
+    logits = torch.zeros(3, 12)
+    masked = _suppress(logits, {2, 12, 40}, 2)  # ids the head does not have are left alone
+    assert masked[:2, 2].eq(float("-inf")).all() and masked[2].eq(0).all() and masked[:, :2].eq(0).all()
+
+
 def test_a_sampled_step_decides_output_position_j_with_generator_j():
     """With a one-hot draft, the tokens are plain sampling's: row i of a step that starts at output position n uses
     generator_at(seed, n + i)."""
@@ -345,6 +387,11 @@ def test_draft_probabilities_of_another_vocabulary_size_are_aligned_to_the_targe
         seq.propose(1)
         new, _ = seq.accept(logits)
         assert len(new) in (1, 2) and all(0 <= t < 4 for t in new)
+    q = torch.rand(2, 5)  # two draft rows: the vocabulary is the last dimension, never the rows
+    assert _match_vocab(q, 5) is q
+    assert torch.equal(_match_vocab(q, 3), q[:, :3])  # a wider draft head: the target's tokens only
+    wider = _match_vocab(q, 8)  # a narrower one: the target's extra tokens get probability 0, after the draft's own
+    assert wider.shape == (2, 8) and torch.equal(wider[:, :5], q) and not wider[:, 5:].any()
 
 
 # ------------------------------------------------------------------ SequenceKV and FlatBatch
@@ -405,6 +452,7 @@ def test_kv_slots_list_their_valid_rows_per_layer_and_an_hf_cache_slot_crops_on_
             assert torch.equal(keys, r) and torch.equal(values, -r)
         assert slot.length == 7
         slot.truncate(9)
+        slot.truncate(7)  # nothing to forget (an HF crop to 0 would forget everything)
         assert slot.length == 7
         slot.truncate(3)
         assert slot.length == 3
@@ -514,3 +562,27 @@ def test_planner_keeps_k_min_for_every_drafting_sequence():
     demands = [DraftDemand(0.9, 0.0, 4), DraftDemand(0.2, 0.0, 4)]
     plan = plan_draft_lengths(demands, free, base_rows=2, base_tokens=2.0, k_min=3, row_budget=7)
     assert all(k == 0 or k >= 3 for k in plan) and sum(plan) <= 5
+
+
+def test_the_engine_plans_rows_at_most_twice_as_far_as_it_has_measured():
+    """Step costs beyond the largest measured row count are guessed flat (optimistic), so the scheduler lets a step
+    grow to at most twice that count (at least one draft row past its decodes): cost is then learnt step by step."""
+    from types import SimpleNamespace
+
+    from leapdecode.engine.scheduler import Scheduler, SchedulerConfig
+    from leapdecode.params import DraftConfig
+
+    def running(n):
+        demand = DraftDemand(acceptance=0.95, draft_seconds=0.0, cap=16)
+        return [
+            SimpleNamespace(seq=SimpleNamespace(room=64, controller=SimpleNamespace(demand=lambda room: demand)))
+            for _ in range(n)
+        ]
+
+    for decoding, measured, budget, rows in ((2, 4, 256, 8), (2, 4, 6, 6), (4, 1, 256, 5)):
+        scheduler = Scheduler(SchedulerConfig(), DraftConfig(), lambda: None, {}, layers=1, kv_tokens=10_000)
+        scheduler.gate.allow = lambda n: True
+        for r in range(1, measured + 1):
+            scheduler.costs.record(r, 0.01)  # flat: every row is free as far as measured
+        drafts = scheduler._draft_lengths(running(decoding), budget)
+        assert decoding + sum(drafts) == rows, (decoding, measured, budget, drafts)

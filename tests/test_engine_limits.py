@@ -50,9 +50,11 @@ def test_a_small_kv_budget_is_never_exceeded_and_preemption_loses_nothing(target
     engine = Engine(
         target, drafter=drafter, kv_cache_bytes=budget_tokens * kv_bytes_per_token(target.model), prefix_cache_tokens=64
     )
+    preempt, preempted = engine.scheduler._preempt, []
+    engine.scheduler._preempt = lambda request: (preempted.append(request), preempt(request))
     results = collect(engine, PROMPTS, max_new_tokens=100)
     metrics = engine.metrics()
-    assert metrics["num_preemptions"] > 0  # the budget really bit
+    assert metrics["num_preemptions"] == len(preempted) > 1  # the budget really bit, and the count says how often
     assert metrics["kv_peak_bytes"] <= metrics["kv_budget_bytes"]
     for prompt, (tokens, final) in zip(PROMPTS, results):
         assert final.finish_reason in ("stop", "length") and tokens == solo(target, prompt, 100)

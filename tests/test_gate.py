@@ -39,6 +39,39 @@ def test_both_arms_are_measured_before_either_is_trusted():
     assert choices == [True] and gate.allow(4) is False  # then the plain arm gets its turn
 
 
+def test_the_gate_rule_step_by_step():
+    """The rule exactly: arms alternate (drafting first) until each has MIN_SAMPLES steps; then the arm ahead runs
+    (drafting on a tie), except every EXPLORE_EVERY-th step of the level, which runs the other; rates are decayed
+    averages; a step of no measurable time is not a sample."""
+    from leapdecode.engine.gate import RATE_DECAY
+
+    gate = SpeculationGate()
+    choices = []
+    for _ in range(3 * EXPLORE_EVERY):
+        on = gate.allow(5)
+        choices.append(on)
+        gate.record(5, on, 10 if on else 20, 1.0)  # plain steps deliver more
+    start = 2 * MIN_SAMPLES
+    assert choices[:start] == [True, False] * MIN_SAMPLES
+    assert [i for i in range(start, len(choices)) if choices[i]] == [
+        i for i in range(start, len(choices)) if i % EXPLORE_EVERY == EXPLORE_EVERY - 1
+    ]
+    assert gate.samples == {(3, True): choices.count(True), (3, False): choices.count(False)}
+    assert gate.rates == {(3, True): 10.0, (3, False): 20.0} and gate.drafting() == {3: False}
+
+    gate = SpeculationGate()
+    gate.record(2, True, 10, 1.0)
+    gate.record(2, True, 20, 1.0)
+    gate.record(2, True, 5, 0.0)  # no time measured: ignored
+    assert gate.rates == {(2, True): RATE_DECAY * 10 + (1 - RATE_DECAY) * 20} and gate.samples == {(2, True): 2}
+    assert gate.drafting() == {2: None}  # the plain arm not measured yet
+    for _ in range(MIN_SAMPLES):
+        gate.record(2, True, 10, 1.0)
+        gate.record(2, False, 10, 1.0)
+    gate.rates[(2, True)] = gate.rates[(2, False)]  # a tie: drafting keeps the lead
+    assert gate.drafting() == {2: True} and gate.allow(2) is True
+
+
 class SlowDrafter:
     """Wraps a drafter so that proposing costs far more than the tiny model's whole forward."""
 

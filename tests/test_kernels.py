@@ -238,3 +238,21 @@ def test_a_process_competing_for_the_cores_is_seen_at_once():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_a_step_that_keeps_no_logits_leaves_the_argmax_head_working(tmp_path, caplog):
+    """An engine step that only reads part of a long prompt keeps no rows: the output head gets none. It once
+    raised there (a reshape of 0 rows), and the fallback then ran the head in fp32 for the rest of the process."""
+    from tiny_hf import make_tiny_hf_dir
+
+    from leapdecode import generate
+    from leapdecode.engine import Engine
+
+    target = str(make_tiny_hf_dir(tmp_path / "tiny", context=512))
+    prompt = [5 + i % 40 for i in range(70)]  # read in chunks of max_batch_tokens: the first steps keep no rows
+    with kernels.configured(argmax_head="on"), caplog.at_level(logging.WARNING, logger="leapdecode"):
+        engine = Engine(target, max_batch_tokens=16)
+        result = engine.generate_many([prompt], max_new_tokens=8)[0]
+    head = engine.model.get_output_embeddings()
+    assert not getattr(head, "_leapdecode_broken", False) and not caplog.records
+    assert result.token_ids == generate(target, prompt, max_new_tokens=8).token_ids

@@ -44,7 +44,6 @@ class Request:
         self.kv: SequenceKV | None = None
         self.reading: list[int] = prompt_ids
         self.admitted = 0  # admission order (the newest running request is preempted first)
-        self.preemptions = 0
         self.outputs: deque[RequestOutput] = deque()
 
     @property

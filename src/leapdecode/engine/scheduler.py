@@ -277,7 +277,6 @@ class Scheduler:
         self.running.remove(request)
         request.kv = None
         request.reading = list(request.seq.context)
-        request.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(request)
 

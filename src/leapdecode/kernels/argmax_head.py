@@ -51,7 +51,7 @@ class ArgmaxOutputHead:
         floor = torch.where(reach >= 0, reach / (1 + BF16_ROUNDING), reach / (1 - BF16_ROUNDING))  # l + c|l| = reach
         rows, tokens = (logits >= floor).nonzero(as_tuple=True)
         logits[rows, tokens] = (flat[rows] * self.weight[tokens]).sum(-1)
-        return logits.reshape(*x.shape[:-1], -1)
+        return logits.reshape(*x.shape[:-1], self.weight.shape[0])  # named: a step may keep no rows
 
 
 def fast_bf16() -> bool:
