@@ -452,7 +452,7 @@ def test_kv_slots_list_their_valid_rows_per_layer_and_an_hf_cache_slot_crops_on_
             assert torch.equal(keys, r) and torch.equal(values, -r)
         assert slot.length == 7
         slot.truncate(9)
-        slot.truncate(7)  # nothing to forget (an HF crop to 0 would forget everything)
+        slot.truncate(7)  # nothing to forget
         assert slot.length == 7
         slot.truncate(3)
         assert slot.length == 3

@@ -50,8 +50,16 @@ def test_a_small_kv_budget_is_never_exceeded_and_preemption_loses_nothing(target
     engine = Engine(
         target, drafter=drafter, kv_cache_bytes=budget_tokens * kv_bytes_per_token(target.model), prefix_cache_tokens=64
     )
-    preempt, preempted = engine.scheduler._preempt, []
-    engine.scheduler._preempt = lambda request: (preempted.append(request), preempt(request))
+    scheduler, preempted = engine.scheduler, []
+    preempt = scheduler._preempt
+
+    def newest_first(request):  # recompute preemption takes the newest running request
+        admitted = [r.admitted for r in scheduler.running]
+        assert request.admitted == max(admitted) and len(set(admitted)) == len(admitted)
+        preempted.append(request)
+        preempt(request)
+
+    scheduler._preempt = newest_first
     results = collect(engine, PROMPTS, max_new_tokens=100)
     metrics = engine.metrics()
     assert metrics["num_preemptions"] == len(preempted) > 1  # the budget really bit, and the count says how often
@@ -59,6 +67,17 @@ def test_a_small_kv_budget_is_never_exceeded_and_preemption_loses_nothing(target
     for prompt, (tokens, final) in zip(PROMPTS, results):
         assert final.finish_reason in ("stop", "length") and tokens == solo(target, prompt, 100)
     assert metrics["kv_bytes"] == 0 and metrics["running"] == 0 and not engine.has_work
+
+
+def test_at_most_max_sequences_run_and_every_prompt_token_is_counted_once(target):
+    engine = Engine(target, max_sequences=2)
+    scheduler, running = engine.scheduler, []
+    admit = scheduler._admit
+    scheduler._admit = lambda: (admit(), running.append(len(scheduler.running)))
+    results = collect(engine, PROMPTS[:5], max_new_tokens=20)
+    assert max(running) == 2  # the bound binds: five requests, two at a time
+    assert [tokens for tokens, _ in results] == [solo(target, p, 20) for p in PROMPTS[:5]]
+    assert engine.metrics()["prompt_tokens"] == sum(map(len, PROMPTS[:5]))
 
 
 def test_seeded_sampling_is_reproducible_through_preemption(target):
@@ -126,7 +145,7 @@ def test_a_drafter_failing_to_start_fails_its_request_only(target):
     engine.scheduler.make_drafter = failing_start
     prompts = [PROMPTS[0], [66] + PROMPTS[1]]
     results = collect(engine, prompts, max_new_tokens=10)
-    assert results[1][1].finish_reason == "error" and "planted start fault" in results[1][1].error
+    assert results[1][1].finish_reason == "error" and "RuntimeError: planted start fault" in results[1][1].error
     assert results[0][0] == solo(target, prompts[0], 10) and not engine.has_work
     many = engine.generate_many(prompts, max_new_tokens=10)  # the batch call reports the failure, keeps the rest
     assert many[1].error and "planted start fault" in many[1].error and many[1].stats.stop_reason == "error"

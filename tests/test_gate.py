@@ -65,6 +65,9 @@ def test_the_gate_rule_step_by_step():
     gate.record(2, True, 5, 0.0)  # no time measured: ignored
     assert gate.rates == {(2, True): RATE_DECAY * 10 + (1 - RATE_DECAY) * 20} and gate.samples == {(2, True): 2}
     assert gate.drafting() == {2: None}  # the plain arm not measured yet
+    gate.record(9, False, 10, 1.0)
+    assert gate.drafting() == {2: None, 4: None}  # nor the drafting arm at 8-15 sequences
+    del gate.rates[(4, False)], gate.samples[(4, False)]
     for _ in range(MIN_SAMPLES):
         gate.record(2, True, 10, 1.0)
         gate.record(2, False, 10, 1.0)
