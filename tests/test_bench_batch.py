@@ -84,7 +84,7 @@ def test_bench_batch_fails_on_a_planted_mismatch(tiny_dir, tmp_path, monkeypatch
     assert "differ from solo greedy" in (tmp_path / "bad" / "report.md").read_text()
 
 
-def test_repeats_interleave_the_methods_and_report_medians_and_paired_ratios(tiny_dir, tmp_path, monkeypatch):
+def test_repeats_interleave_the_methods_and_report_medians_and_paired_ratios(tiny_dir, tmp_path):
     from leapdecode.lab.bench.batch import combine_repeats, interleaved_runs
 
     assert interleaved_runs(["hf-generate", "engine", "engine-head"], [1, 4], 2) == [

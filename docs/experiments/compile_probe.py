@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import time
 
 import torch
 from transformers import StaticCache
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from leapdecode.forward import prepare_model
 from leapdecode.kernels import packed_kernels
@@ -51,14 +51,19 @@ def ours(model, compiled: bool):
     decoder = prepare_model(model, True)
     kv = SequenceKV(len(model.model.layers))
     eager_layer = decoder.layer
-    if compiled:
-        layers = model.model.layers
-        pre = [torch.compile(_pre(decoder, layer, i), dynamic=True) for i, layer in enumerate(layers)]
-        post = [torch.compile(_post(decoder, layer, i), dynamic=True) for i, layer in enumerate(layers)]
+    if compiled:  # one compiled function per layer and half (a layer's index is a constant inside)
+        parts = [
+            (
+                torch.compile(functools.partial(decoder.attention_inputs, i), dynamic=True),
+                torch.compile(functools.partial(decoder.after_attention, i), dynamic=True),
+            )
+            for i in range(len(model.model.layers))
+        ]
+        scaling = [layer.self_attn.scaling for layer in model.model.layers]
 
         def compiled_layer(i, x, cos, sin, attend):
-            q, k, v = pre[i](x, cos, sin)
-            return post[i](x, attend(i, q, k, v, layers[i].self_attn.scaling))
+            q, k, v = parts[i][0](x, cos, sin)
+            return parts[i][1](x, attend(i, q, k, v, scaling[i]))
 
     @contextlib.contextmanager
     def context():
@@ -78,29 +83,6 @@ def ours(model, compiled: bool):
         forward(torch.arange(100, 100 + PROMPT), 0)
         forward(token, kv.length)
     return lambda: forward(token, kv.length), context, time.perf_counter() - start
-
-
-def _pre(decoder, layer, i):
-    (q_width, kv_width), attn = decoder.splits[i], layer.self_attn
-
-    def pre(x, cos, sin):
-        shape = (1, x.shape[1], -1, attn.head_dim)
-        q, k, v = decoder.qkv[i](layer.input_layernorm(x)).split([q_width, kv_width, kv_width], dim=-1)
-        q, k = apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
-        return q, k, v.view(shape).transpose(1, 2)
-
-    return pre
-
-
-def _post(decoder, layer, i):
-    attn, mlp = layer.self_attn, layer.mlp
-
-    def post(x, out):
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(1, x.shape[1], -1))
-        gate, up = decoder.gate_up[i](layer.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + mlp.down_proj(mlp.act_fn(gate) * up)
-
-    return post
 
 
 def hf_static(model, compiled: bool, steps: int):
@@ -141,6 +123,9 @@ def main() -> None:
 
     inductor.freezing = True  # weights become constants Inductor may prepack, as it advises for CPU inference
     model = load_model(args.model, "float32").model.eval()
+    # each layer's halves share their code, told apart by guards: past the default limit (8) dynamo would quietly run
+    # the other layers eagerly
+    torch._dynamo.config.recompile_limit = 4 * len(model.model.layers)
     print("\n".join(meta_lines({**environment(args.threads), "model": args.model, "dtype": "float32"})))
     paths = {
         "leapdecode eager (today)": ours(model, False),

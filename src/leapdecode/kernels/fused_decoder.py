@@ -168,13 +168,21 @@ class FusedDecoder(torch.nn.Module):
 
     def layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         """Decoder layer i over x [1, n, C] (a KV press runs the layers one by one, on fewer tokens past a point)."""
+        q, k, v = self.attention_inputs(i, x, cos, sin)
+        return self.after_attention(i, x, attend(i, q, k, v, self.model.model.layers[i].self_attn.scaling))
+
+    def attention_inputs(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Layer i up to attention: x [1, n, C] -> query [1, H, n, d], key and value [1, KVH, n, d]."""
         layer, (q_width, kv_width) = self.model.model.layers[i], self.splits[i]
-        attn, n = layer.self_attn, x.shape[1]
-        shape = (1, n, -1, attn.head_dim)
+        shape = (1, x.shape[1], -1, layer.self_attn.head_dim)
         q, k, v = self.qkv[i](layer.input_layernorm(x)).split([q_width, kv_width, kv_width], dim=-1)
         q, k = apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
-        out = attend(i, q, k, v.view(shape).transpose(1, 2), attn.scaling)
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+        return q, k, v.view(shape).transpose(1, 2)
+
+    def after_attention(self, i: int, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Layer i from attention's output [1, H, n, d] on: output projection, MLP, both residuals."""
+        layer = self.model.model.layers[i]
+        x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(1, x.shape[1], -1))
         mlp = layer.mlp
         gate, up = self.gate_up[i](layer.post_attention_layernorm(x)).chunk(2, dim=-1)  # Llama's are equal
         return x + mlp.down_proj(mlp.act_fn(gate) * up)
