@@ -69,6 +69,22 @@ def test_a_small_kv_budget_is_never_exceeded_and_preemption_loses_nothing(target
     assert metrics["kv_bytes"] == 0 and metrics["running"] == 0 and not engine.has_work
 
 
+def test_metrics_count_the_bytes_the_kv_tensors_hold(target):
+    """metrics() counts KV bytes from rows (the server calls it after every step); they equal the tensors' own sizes."""
+    engine = Engine(target, prefix_cache_tokens=64)
+    for prompt in PROMPTS[:4]:
+        engine.add_request(prompt, max_new_tokens=30)
+    seen = 0
+    while engine.has_work:
+        engine.step()
+        metrics, scheduler = engine.metrics(), engine.scheduler
+        held = sum(t.numel() * t.element_size() for r in scheduler.running for t in r.kv.keys + r.kv.values)
+        assert metrics["kv_bytes"] == held
+        assert metrics["prefix_cache_bytes"] == scheduler.prefix_cache.nbytes
+        seen += held > 0 and scheduler.prefix_cache.nbytes > 0
+    assert seen  # both were non-zero at some step
+
+
 def test_at_most_max_sequences_run_and_every_prompt_token_is_counted_once(target):
     engine = Engine(target, max_sequences=2)
     scheduler, running = engine.scheduler, []

@@ -9,27 +9,44 @@ from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
 from leapdecode.engine import Engine
-from leapdecode.engine.gate import EXPLORE_EVERY, MIN_SAMPLES, SpeculationGate
+from leapdecode.engine.gate import EXPLORE_EVERY, MAX_EXPLORE_EVERY, MIN_SAMPLES, SpeculationGate
 
 
 def feed(gate, decoding, on_rate, off_rate, steps):
-    """Drive the gate: each step asks, then reports the rate the chosen arm delivers; return the share drafted."""
-    drafted = 0
+    """Drive the gate: each step asks, then reports the rate the chosen arm delivers; return the choices."""
+    choices = []
     for _ in range(steps):
         on = gate.allow(decoding)
-        drafted += on
+        choices.append(on)
         gate.record(decoding, on, int(on_rate if on else off_rate), 1.0)
-    return drafted / steps
+    return choices
+
+
+def exploration_steps(first, steps):
+    """Where the rule explores when the same arm keeps its lead: EXPLORE_EVERY steps after `first`, then after
+    waits that double up to MAX_EXPLORE_EVERY."""
+    at, every, positions = first - 1, EXPLORE_EVERY, []
+    while at + every < steps:
+        at += every
+        positions.append(at)
+        every = min(2 * every, MAX_EXPLORE_EVERY)
+    return positions
 
 
 def test_the_gate_follows_the_arm_that_delivers_and_keeps_exploring():
     gate = SpeculationGate()
-    share = feed(gate, 8, on_rate=50, off_rate=80, steps=10 * EXPLORE_EVERY)
-    assert share < 2 / EXPLORE_EVERY + 2 * MIN_SAMPLES / (10 * EXPLORE_EVERY)  # off, bar exploration
+    steps = 4 * MAX_EXPLORE_EVERY
+    choices = feed(gate, 8, on_rate=50, off_rate=80, steps=steps)
+    explorations = len(exploration_steps(2 * MIN_SAMPLES, steps))
+    assert sum(choices) == MIN_SAMPLES + explorations  # off, bar the first samples and exploration
+    assert explorations < steps / (4 * EXPLORE_EVERY)  # a fixed rate would explore steps / EXPLORE_EVERY times
     assert gate.drafting()[SpeculationGate.level(8)] is False
-    assert feed(gate, 1, on_rate=90, off_rate=30, steps=10 * EXPLORE_EVERY) > 0.85  # per level: at 1, drafts win
-    # the world changes: drafts start paying at 8 as well, and exploration finds it
-    assert feed(gate, 8, on_rate=200, off_rate=80, steps=20 * EXPLORE_EVERY) > 0.8
+    assert sum(feed(gate, 1, on_rate=90, off_rate=30, steps=10 * EXPLORE_EVERY)) > 0.85 * 10 * EXPLORE_EVERY
+    # the world changes: drafts start paying at 8 as well; exploration finds it within its longest wait
+    choices = feed(gate, 8, on_rate=200, off_rate=80, steps=MAX_EXPLORE_EVERY + 4 * EXPLORE_EVERY)
+    found = choices.index(True)
+    assert found < MAX_EXPLORE_EVERY and all(choices[found : found + 2 * EXPLORE_EVERY])
+    assert gate.drafting()[SpeculationGate.level(8)] is True
 
 
 def test_both_arms_are_measured_before_either_is_trusted():
@@ -41,23 +58,29 @@ def test_both_arms_are_measured_before_either_is_trusted():
 
 def test_the_gate_rule_step_by_step():
     """The rule exactly: arms alternate (drafting first) until each has MIN_SAMPLES steps; then the arm ahead runs
-    (drafting on a tie), except every EXPLORE_EVERY-th step of the level, which runs the other; rates are decayed
-    averages; a step of no measurable time is not a sample."""
+    (drafting on a tie), except one exploration step of the other arm after EXPLORE_EVERY steps, then after waits
+    that double while the same arm leads (up to MAX_EXPLORE_EVERY) and go back to EXPLORE_EVERY when the lead
+    changes; rates are decayed averages; a step of no measurable time is not a sample."""
     from leapdecode.engine.gate import RATE_DECAY
 
     gate = SpeculationGate()
-    choices = []
-    for _ in range(3 * EXPLORE_EVERY):
-        on = gate.allow(5)
-        choices.append(on)
-        gate.record(5, on, 10 if on else 20, 1.0)  # plain steps deliver more
+    steps = 3 * MAX_EXPLORE_EVERY
+    choices = feed(gate, 5, on_rate=10, off_rate=20, steps=steps)  # plain steps deliver more
     start = 2 * MIN_SAMPLES
     assert choices[:start] == [True, False] * MIN_SAMPLES
-    assert [i for i in range(start, len(choices)) if choices[i]] == [
-        i for i in range(start, len(choices)) if i % EXPLORE_EVERY == EXPLORE_EVERY - 1
-    ]
+    explored = exploration_steps(start, steps)
+    assert [i for i in range(start, steps) if choices[i]] == explored
+    assert explored[:4] == [start + 15, start + 47, start + 111, start + 239] and EXPLORE_EVERY == 16
+    assert explored[-1] - explored[-2] == MAX_EXPLORE_EVERY
     assert gate.samples == {(3, True): choices.count(True), (3, False): choices.count(False)}
     assert gate.rates == {(3, True): 10.0, (3, False): 20.0} and gate.drafting() == {3: False}
+    # the lead changes between two explorations: the next one comes EXPLORE_EVERY steps after the one that saw it
+    wait = MAX_EXPLORE_EVERY - (steps - 1 - explored[-1])
+    assert feed(gate, 5, on_rate=10, off_rate=20, steps=wait - 1) == [False] * (wait - 1)
+    gate.rates[(3, True)] = 30.0  # drafts now lead
+    later = feed(gate, 5, on_rate=30, off_rate=20, steps=2 * EXPLORE_EVERY + 1)
+    assert later[0] is False  # the exploration that finds drafting ahead runs the plain arm
+    assert [i for i, on in enumerate(later) if not on] == [0, EXPLORE_EVERY]
 
     gate = SpeculationGate()
     gate.record(2, True, 10, 1.0)

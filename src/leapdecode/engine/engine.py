@@ -227,19 +227,20 @@ class Engine:
         ]
 
     def metrics(self) -> dict:
-        """Counters and sizes; safe to call from another thread while a step runs (a snapshot of the lists)."""
+        """Counters and sizes; safe to call from another thread while a step runs (a snapshot of the lists). Cheap
+        (the server snapshots it after every step): bytes are counted from rows, not summed over every tensor."""
         s = self.scheduler
         slots = [kv for kv in (r.kv for r in list(s.running)) if kv is not None]
         return {
             "running": len(slots),
             "waiting": len(s.waiting) + len(s.incoming),
             "kv_tokens": sum(kv.length for kv in slots),
-            "kv_bytes": sum(kv.nbytes for kv in slots),
+            "kv_bytes": sum(kv.capacity for kv in slots) * self.kv_token_bytes,
             "kv_budget_bytes": s.kv_tokens * self.kv_token_bytes,
             "kv_peak_bytes": s.peak_kv_tokens * self.kv_token_bytes,
             "num_preemptions": s.preemptions,
             "prefix_cache_tokens": s.prefix_cache.tokens,
-            "prefix_cache_bytes": s.prefix_cache.nbytes,
+            "prefix_cache_bytes": s.prefix_cache.tokens * self.kv_token_bytes,
             **self.counters,
         }
 

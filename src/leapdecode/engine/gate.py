@@ -6,14 +6,21 @@ each sequence's acceptance estimate. Models miss things (a drafter's own cost as
 from the estimate, steps whose cost depends on more than their row count), and then drafting costs throughput. The
 gate keeps, per load level (how many sequences decode: 1, 2-3, 4-7, 8-15, ...), a decayed average of the tokens per
 second that decode-only steps delivered with drafts and without, and lets the planner draft only where drafts have
-delivered more. It keeps exploring: every EXPLORE_EVERY-th step of a level runs the arm that is behind, so a change
-(another mix of prompts, another load) is seen. Until both arms are measured at a level, it tries them in turn.
+delivered more. Until both arms are measured at a level, it tries them in turn.
+
+It keeps exploring, so that a change (another mix of prompts, another load) is seen: after EXPLORE_EVERY steps of a
+level one step runs the arm that is behind. Each exploration that finds the same arm ahead doubles the wait before
+the next (up to MAX_EXPLORE_EVERY); one that finds the lead changed brings it back to EXPLORE_EVERY. Exploring costs
+throughput in proportion to how far the arm behind is behind: where drafts lose steadily (many sequences, where
+a drafted step costs several plain ones) the price of exploration falls towards nothing, while a close race, or a
+change, is explored at the base rate (a bandit's exploration that decays while the evidence agrees).
 """
 
 from __future__ import annotations
 
 RATE_DECAY = 0.8  # weight of the old estimate in each tokens/second average
-EXPLORE_EVERY = 16  # one step in this many runs the arm that is behind
+EXPLORE_EVERY = 16  # steps of a level before its first exploration, and after an exploration that changed the lead
+MAX_EXPLORE_EVERY = 512  # the longest wait between explorations once the same arm keeps its lead
 MIN_SAMPLES = 3  # steps an arm needs at a level before it is trusted
 
 
@@ -21,7 +28,9 @@ class SpeculationGate:
     def __init__(self):
         self.rates: dict[tuple[int, bool], float] = {}  # (level, drafted) -> decayed tokens/second
         self.samples: dict[tuple[int, bool], int] = {}
-        self.steps: dict[int, int] = {}  # decode-only steps planned per level
+        self.waited: dict[int, int] = {}  # per level: steps since its last exploration (or since both arms had samples)
+        self.every: dict[int, int] = {}  # per level: the steps to wait before the next exploration
+        self.leader: dict[int, bool] = {}  # per level: whether drafting was ahead at its last exploration
 
     @staticmethod
     def level(decoding: int) -> int:
@@ -30,13 +39,24 @@ class SpeculationGate:
     def allow(self, decoding: int) -> bool:
         """Whether the planner may draft in a decode-only step of `decoding` sequences."""
         level = self.level(decoding)
-        step = self.steps.get(level, 0)
-        self.steps[level] = step + 1
         on, off = self.samples.get((level, True), 0), self.samples.get((level, False), 0)
         if on < MIN_SAMPLES or off < MIN_SAMPLES:
             return on <= off  # measure both arms, drafting first
         ahead = self.rates[(level, True)] >= self.rates[(level, False)]
-        return ahead != (step % EXPLORE_EVERY == EXPLORE_EVERY - 1)
+        return ahead != self._explore(level, ahead)
+
+    def _explore(self, level: int, ahead: bool) -> bool:
+        """Whether this step of `level` explores the arm behind; `ahead`: whether drafting leads now."""
+        waited = self.waited.get(level, 0) + 1
+        every = self.every.get(level, EXPLORE_EVERY)
+        if waited < every:
+            self.waited[level] = waited
+            return False
+        self.waited[level] = 0
+        same = self.leader.get(level, ahead) == ahead
+        self.every[level] = min(2 * every, MAX_EXPLORE_EVERY) if same else EXPLORE_EVERY
+        self.leader[level] = ahead
+        return True
 
     def record(self, decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A decode-only step of `decoding` sequences gave `tokens` tokens in `seconds`, with or without drafts."""

@@ -25,7 +25,7 @@ from ..sequence import SequenceState
 from .gate import SpeculationGate
 from .request import Acceptance, Request
 
-MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode
+MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode (half the rows when max_batch_tokens < 32)
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,9 @@ class Scheduler:
             self.running.append(request)
 
     def _sequence(self, request: Request) -> SequenceState:
-        controller = DraftLengthController(costs=self.costs, **self.draft.controller_options())
+        # its acceptance estimate feeds the batch plan (_draft_lengths); its own step costs stay empty, so it never
+        # plans a single-request k the engine would not read
+        controller = DraftLengthController(**self.draft.controller_options())
         controller.accepted, controller.rejected = self.acceptance.prior()
         seq = SequenceState(
             request.prompt_ids,
@@ -202,10 +204,11 @@ class Scheduler:
 
     def _plan(self) -> StepPlan:
         budget = self.config.max_batch_tokens
-        decoding = [r for r in self.running if r.decoding][:budget]
-        if len(decoding) == budget:  # more streams than rows: the ones served now go to the back of the line
-            self.running = [r for r in self.running if r not in decoding] + decoding
         reading = any(not r.decoding for r in self.running)
+        streams = budget - min(MIN_CHUNK, budget // 2) if reading else budget  # a prompt being read always advances
+        decoding = [r for r in self.running if r.decoding][:streams]
+        if len(decoding) == streams:  # more streams than rows: the ones served now go to the back of the line
+            self.running = [r for r in self.running if r not in decoding] + decoding
         draft_lengths = [0] * len(decoding) if reading else self._draft_lengths(decoding, budget)
         row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget) if decoding else budget
         chunks, rows = [], len(decoding) + sum(draft_lengths)
@@ -294,8 +297,12 @@ class Scheduler:
         return min(budget, low)
 
     def _draft_lengths(self, decoding: list[Request], row_budget: int) -> list[int]:
-        if not self.draft.adaptive_draft_length:
-            return [r.seq.controller.demand(r.seq.room).cap for r in decoding]
+        if not self.draft.adaptive_draft_length:  # each its fixed k, while the step's rows stay within the budget
+            left, lengths = row_budget - len(decoding), []
+            for r in decoding:
+                lengths.append(min(r.seq.controller.demand(r.seq.room).cap, left))
+                left -= lengths[-1]
+            return lengths
         if not self.costs or not self.gate.allow(len(decoding)):  # nothing measured yet, or drafts have not paid here
             return [0] * len(decoding)
         # drafting time is inside the measured step cost (see Engine.step), so it is not charged again per draft token
