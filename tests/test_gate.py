@@ -98,6 +98,20 @@ def test_the_gate_rule_step_by_step():
     assert gate.drafting() == {2: True} and gate.allow(2) is True
 
 
+def test_each_load_level_keeps_its_own_exploration_schedule():
+    """Steps of two load levels interleaved: each level explores at the positions of its own steps, as if alone."""
+    gate, steps = SpeculationGate(), 2 * MAX_EXPLORE_EVERY
+    choices = {2: [], 16: []}
+    for i in range(2 * steps):
+        decoding = 2 if i % 2 else 16
+        on = gate.allow(decoding)
+        choices[decoding].append(on)
+        gate.record(decoding, on, 10 if on else 20, 1.0)
+    start = 2 * MIN_SAMPLES
+    for level_choices in choices.values():
+        assert [i for i in range(start, steps) if level_choices[i]] == exploration_steps(start, steps)
+
+
 class SlowDrafter:
     """Wraps a drafter so that proposing costs far more than the tiny model's whole forward."""
 
