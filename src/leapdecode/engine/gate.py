@@ -10,10 +10,9 @@ delivered more. Until both arms are measured at a level, it tries them in turn.
 
 It keeps exploring, so that a change (another mix of prompts, another load) is seen: after EXPLORE_EVERY steps of a
 level one step runs the arm that is behind. Each exploration that finds the same arm ahead doubles the wait before
-the next (up to MAX_EXPLORE_EVERY); one that finds the lead changed brings it back to EXPLORE_EVERY. Exploring costs
-throughput in proportion to how far the arm behind is behind: where drafts lose steadily (many sequences, where
-a drafted step costs several plain ones) the price of exploration falls towards nothing, while a close race, or a
-change, is explored at the base rate (a bandit's exploration that decays while the evidence agrees).
+the next (up to MAX_EXPLORE_EVERY); one that finds the lead changed brings it back to EXPLORE_EVERY. Each
+exploration costs what the arm behind is behind by, so where one arm leads steadily (drafts at high load) the price
+of exploring fades, while the arm behind is still tried at least once every MAX_EXPLORE_EVERY steps of the level.
 """
 
 from __future__ import annotations
