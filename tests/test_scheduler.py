@@ -154,6 +154,17 @@ def test_nothing_to_run_plans_nothing_and_the_peak_starts_at_zero():
     assert scheduler.peak_kv_tokens == room_for(3)  # the slot; a 3-token prompt leaves no block in the cache
 
 
+def test_a_removed_request_leaves_whichever_queue_holds_it():
+    scheduler = make(max_sequences=1)
+    running, waiting = add(scheduler, [5, 6, 7], [8, 9])
+    step(scheduler)
+    assert scheduler.running == [running] and list(scheduler.waiting) == [waiting]
+    scheduler.remove(waiting)  # a cancel before admission
+    assert scheduler.running == [running] and not scheduler.waiting
+    scheduler.remove(running)
+    assert not scheduler.running and scheduler.schedule() is None
+
+
 def test_admissions_are_counted_and_the_newest_is_preempted_first():
     scheduler = make(kv_tokens=1_000, prefix_cache_tokens=0)
     requests = add(scheduler, [5, 6, 7], [8, 9], [10])
