@@ -5,6 +5,7 @@ logits that favour token 1 (every draft, of token 2, is rejected), so each decod
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -21,6 +22,7 @@ from leapdecode.params import DraftConfig, RequestParams
 FIXED = DraftConfig(draft_length=2, max_draft_length=3, adaptive_draft_length=False)  # k = 2 at every step
 PLAIN = DraftConfig()  # adaptive: nothing measured, no drafts
 SEQUENCE_OPTIONS = dict(eos_ids=set(), context_length=512)
+REQUEST_IDS = itertools.count()  # ids unique across a test's requests, as the engine's are
 BAD_START, BAD_PROPOSE = 77, 66  # a prompt starting with one of these makes its drafter raise there
 
 
@@ -68,7 +70,7 @@ def make(kv_tokens=10_000, draft=FIXED, whole_prompts=False, **config) -> Schedu
 
 
 def add(scheduler: Scheduler, *prompts) -> list[Request]:
-    requests = [Request(i, list(p), RequestParams(max_new_tokens=50), None, None) for i, p in enumerate(prompts)]
+    requests = [Request(next(REQUEST_IDS), list(p), RequestParams(max_new_tokens=50), None, None) for p in prompts]
     scheduler.incoming.extend(requests)
     return requests
 
@@ -249,7 +251,6 @@ def test_a_prompt_advances_even_when_streams_could_fill_every_row():
     streams = add(scheduler, [5], [6])
     step(scheduler)
     (reading,) = add(scheduler, [10, 11, 12])
-    reading.id = 2
     plans = [step(scheduler) for _ in range(4)]
     assert [[(s.kv is reading.kv, s.n) for s in p.segments] for p in plans[:3]] == [[(False, 1), (True, 1)]] * 3
     assert reading.decoding and all(r.decoding for r in streams)

@@ -87,7 +87,3 @@ class PrefixCache:
             self.blocks.popitem(last=False)
             freed += self.block
         return freed
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for b in self.blocks.values() for t in b.keys + b.values)
