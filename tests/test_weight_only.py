@@ -17,6 +17,7 @@ from leapdecode import generate
 from leapdecode.cli import main
 from leapdecode.engine import Engine
 from leapdecode.errors import LeapDecodeError
+from leapdecode.kernels import configured, segment_attention
 from leapdecode.models import forget_models, load_model, resolve_model
 from leapdecode.models import weight_only as wo
 from leapdecode.models.quantize import dtype_name
@@ -112,23 +113,30 @@ def test_q4_through_the_cli_and_its_refusal(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "int4 CPU kernels" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("rows_alone", [True, False])
-def test_q4_verified_rows_get_the_bits_of_one_row_steps(rows_alone, monkeypatch):
+@pytest.mark.parametrize(
+    "rows_alone, attention, same", [(True, "sdpa", True), (False, "sdpa", False), (False, "native", True)]
+)
+def test_q4_verified_rows_get_the_bits_of_one_row_steps(rows_alone, attention, same, monkeypatch):
     """On a q4 model every operation but many-row attention gives a row the same bits whatever the row count, so with
     rows attending alone (FlatBatch.rows_alone, what ModelForward sets for q4) a verification of 6 rows returns the
-    logits of 6 one-row steps bit for bit. Without it (the control) they differ in the last bits; with bf16 products
-    that flipped about half of the real model's speculative outputs in bench (a near-tie at bf16 granularity)."""
+    logits of 6 one-row steps bit for bit. Without it, many-row SDPA (the control) differs in the last bits; with
+    bf16 products that flipped about half of the real model's speculative outputs in bench (a near-tie at bf16
+    granularity). The native segment kernel computes each row alone too (q4 keeps rows_alone all the same: its bits
+    are those of HF's one-row SDPA, which the equality with HF's q4 greedy needs)."""
     from leapdecode.runner import Runner
 
     model = tiny_model("llama-q4", seed=4)
     runner = Runner(model)
     monkeypatch.setattr(runner.run, "rows_alone", rows_alone)
-    prompt, rows = list(range(4, 40)), [7, 9, 11, 13, 15, 17]
-    runner.prefill(prompt)
-    together = runner.forward(rows)
-    runner.rollback(len(rows))
-    alone = torch.cat([runner.forward([t]) for t in rows])
-    assert torch.equal(together, alone) == rows_alone
+    if attention == "native" and segment_attention.library() is None:
+        pytest.skip("native segment attention unavailable here")
+    with configured(attention=attention):
+        prompt, rows = list(range(4, 40)), [7, 9, 11, 13, 15, 17]
+        runner.prefill(prompt)
+        together = runner.forward(rows)
+        runner.rollback(len(rows))
+        alone = torch.cat([runner.forward([t]) for t in rows])
+    assert torch.equal(together, alone) == same
 
 
 @pytest.mark.parametrize("whole_prompts", [True, False])

@@ -48,7 +48,7 @@ class ModelForward:
         argmax_only: bool = False,
         hidden: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        layout.rows_alone = self.rows_alone
+        layout.rows_alone, layout.native_attention = self.rows_alone, self.packed_weights
         with model_kernels(self.model, self.packed_weights, argmax_only, layout):
             if self.decoder is not None:
                 logits, states = self.decoder(ids, positions, layout.attend, keep)

@@ -8,6 +8,9 @@
   (`configure(decoder="hf")` keeps the model's own forward).
 - `calibrate` measures the paths per layer shape, dtype and row count on this host (cached on disk) and `kernel_table`
   / `describe_kernels` show what was chosen; `configure(linear=..., argmax_head=...)` forces a choice instead.
+- `segment_attention` attends the decode and verification rows of every sequence of a flat batch in one native call
+  per layer (a small C kernel built once per host; torch's SDPA per sequence where it cannot be built, or with
+  `configure(attention="sdpa")` / LEAPDECODE_ATTENTION=sdpa).
 - `ops` checks the private `torch.ops.mkldnn` ops once: where they are missing or fail, `F.linear` is used with a
   one-line notice.
 bf16 packed results equal `F.linear`'s bit for bit; fp32 ones differ in rounding (~1e-6 relative), like any two GEMMs.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import types
 import weakref
 
@@ -24,11 +25,20 @@ ARGMAX_PATHS = ("argmax-bf16-packed", "argmax-bf16-linear")
 MODES = ("auto",) + LINEAR_PATHS
 ARGMAX_MODES = ("auto", "on", "off")
 DECODERS = ("fused", "hf")
+ATTENTIONS = ("native", "sdpa")
 
 # linear: "auto" (calibrated per host) or a path forced everywhere; argmax_head: "auto" (where calibration found it
 # faster), "on" (always, where greedy asks for it) or "off"; decoder: "fused" (kernels.fused_decoder where the model
-# is supported) or "hf" (the model's own forward); cache_dir: None for the user cache dir
-_settings: dict = {"linear": "auto", "argmax_head": "auto", "decoder": "fused", "cache_dir": None}
+# is supported) or "hf" (the model's own forward); attention: "native" (kernels.segment_attention for a flat batch's
+# decode and verification rows, where it builds) or "sdpa" (torch's, one call per sequence; also
+# LEAPDECODE_ATTENTION=sdpa); cache_dir: None for the user cache dir
+_settings: dict = {
+    "linear": "auto",
+    "argmax_head": "auto",
+    "decoder": "fused",
+    "attention": "sdpa" if os.environ.get("LEAPDECODE_ATTENTION") == "sdpa" else "native",
+    "cache_dir": None,
+}
 _mode = contextvars.ContextVar("leapdecode_packed_linear", default=False)
 _epoch = [0]  # bumped by forget_routes
 _argmax_only = contextvars.ContextVar("leapdecode_argmax_only", default=False)
@@ -48,14 +58,20 @@ def settings() -> dict:
 
 
 def configure(
-    linear: str | None = None, argmax_head: str | None = None, decoder: str | None = None, cache_dir=None
+    linear: str | None = None,
+    argmax_head: str | None = None,
+    decoder: str | None = None,
+    attention: str | None = None,
+    cache_dir=None,
 ) -> dict:
     """Set the process's kernel choice (None leaves a setting as is); returns the previous settings.
-    linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"; decoder: "fused" | "hf"."""
+    linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"; decoder: "fused" | "hf";
+    attention: "native" | "sdpa"."""
     for name, value, allowed in (
         ("linear kernels", linear, MODES),
         ("argmax_head", argmax_head, ARGMAX_MODES),
         ("decoder", decoder, DECODERS),
+        ("attention", attention, ATTENTIONS),
     ):
         if value is not None and value not in allowed:
             raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -65,6 +81,7 @@ def configure(
         ("linear", linear),
         ("argmax_head", argmax_head),
         ("decoder", decoder),
+        ("attention", attention),
         ("cache_dir", cache_dir),
     ):
         if value is not None:

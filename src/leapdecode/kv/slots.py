@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from ..attention import grouped_sdpa
+from ..kernels import segment_attention
 
 SPARE = 64  # rows of room added beyond the need at each reallocation (at least; half the length for long sequences)
 
@@ -40,20 +41,28 @@ class SequenceKV:
     def __init__(self, layers: int):
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
+        # per layer (keys address, values address, distance between heads, capacity): what the native kernel reads
+        self.addresses: list[tuple[int, int, int, int] | None] = [None] * layers
         self.length = 0
 
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor):
         """Store rows start.. of this layer ([kv_heads, n, head_dim]); return views of rows 0 .. start + n."""
         need = start + keys.shape[1]
+        self.reserve(layer, start, need, keys)
+        self.keys[layer][:, start:need] = keys
+        self.values[layer][:, start:need] = values
+        return self.keys[layer][:, :need], self.values[layer][:, :need]
+
+    def reserve(self, layer: int, start: int, need: int, like: torch.Tensor) -> None:
+        """Make rows 0 .. need of this layer valid-to-be (buffers shaped and typed like `like` [kv_heads, n,
+        head_dim], grown if too small, rows before `start` kept): the caller writes rows start .. need."""
         buffer = self.keys[layer]
         if buffer is None or need > buffer.shape[1]:
             capacity = room_for(need)
-            self.keys[layer] = _grown(buffer, keys, start, capacity)
-            self.values[layer] = _grown(self.values[layer], values, start, capacity)
-        self.keys[layer][:, start:need] = keys
-        self.values[layer][:, start:need] = values
+            keys = self.keys[layer] = _grown(buffer, like, start, capacity)
+            values = self.values[layer] = _grown(self.values[layer], like, start, capacity)
+            self.addresses[layer] = (keys.data_ptr(), values.data_ptr(), keys.stride(0), capacity)
         self.length = need
-        return self.keys[layer][:, :need], self.values[layer][:, :need]
 
     def load(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         """Start from a cached prefix: per layer [kv_heads, n, head_dim]."""
@@ -108,6 +117,13 @@ class CacheSlot:
         return [LayerKV(layer.keys, layer.values) for layer in self.cache.layers]
 
 
+def _rows_packed(keys: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether [kv_heads, length, d] keys and values lie as the native kernel reads them: rows d apart, heads the
+    same distance apart in both."""
+    d = keys.shape[-1]
+    return keys.stride()[1:] == (d, 1) and values.stride()[1:] == (d, 1) and keys.stride(0) == values.stride(0)
+
+
 def _grown(old: torch.Tensor | None, new: torch.Tensor, keep: int, capacity: int) -> torch.Tensor:
     buffer = new.new_empty((new.shape[0], capacity, new.shape[2]))
     if old is not None:
@@ -138,21 +154,74 @@ class FlatBatch:
     to matter."""
 
     rows_alone = False  # ModelForward sets it per model
+    native_attention = True  # ModelForward sets it: leapdecode's kernels (packed_weights) or HF's operations
 
     def __init__(self, segments: list[Segment]):
         self.segments = segments
+        self._native = None  # how the rows attend, decided at the first layer
 
     def attend(self, layer: int, query, key, value, scaling) -> torch.Tensor:
         """query [1, H, R, d], key/value [1, KVH, R, d] for the step's R rows -> [1, H, R, d]."""
-        outs = []
-        for s in self.segments:
+        if self._native is None:
+            self._native = self._native_plan(query)
+        if not self._native:
+            outs = [self._attend_one(layer, s, query, key, value, scaling) for s in self.segments]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        lib, meta, stored, owned, rest = self._native
+        out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])  # [1, R, H, d]: what o_proj reads
+        query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+        for at, s in stored:  # the kernel writes their new rows into their buffers
+            kv, need = s.kv, s.past + s.n
+            where = kv.addresses[layer]
+            if where is None or need > where[3]:
+                kv.reserve(layer, s.past, need, key[0, :, :1])
+                where = kv.addresses[layer]
+            kv.length = need
+            meta[at : at + 3] = where[:3]
+        for at, s in owned:  # their owner (an HF cache) stores them
             rows = slice(s.first_row, s.first_row + s.n)
             keys, values = s.kv.write(layer, s.past, key[0, :, rows], value[0, :, rows])
-            if self.rows_alone and s.past and 1 < s.n <= ROWS_ALONE_MAX:
-                for i in range(s.n):
-                    end = s.past + i + 1
-                    row = query[:, :, s.first_row + i : s.first_row + i + 1]
-                    outs.append(grouped_sdpa(row, keys[None, :, :end], values[None, :, :end], None, scaling))
-            else:
-                outs.append(grouped_sdpa(query[:, :, rows], keys[None], values[None], None, scaling))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+            if not _rows_packed(keys, values):
+                keys, values = keys.contiguous(), values.contiguous()
+            meta[at], meta[at + 1], meta[at + 2] = keys.data_ptr(), values.data_ptr(), keys.stride(0)
+        if stored or owned:
+            segment_attention.attend_segments(lib, len(stored) + len(owned), meta, query, key, value, scaling, out)
+        for s in rest:
+            out[0, s.first_row : s.first_row + s.n] = self._attend_one(layer, s, query, key, value, scaling)[
+                0
+            ].transpose(0, 1)
+        return out.transpose(1, 2)
+
+    def _native_plan(self, query):
+        """How this step's rows attend: False (all in torch) or (the native kernel, its per-segment fields, the
+        segments whose new rows it stores, those whose owner stores them, the rest, in torch). The kernel takes the
+        fp32 rows of sequences with a past and at most segment_attention.MAX_ROWS new rows (decode and verification),
+        of the head sizes it handles, unless rows attend alone; a prompt's first rows run torch's causal kernel, as
+        HF's prefill does."""
+        if not self.native_attention or self.rows_alone or query.dtype != torch.float32:
+            return False
+        if not segment_attention.takes_head_dim(query.shape[3]):
+            return False
+        few = [s for s in self.segments if s.past and s.n <= segment_attention.MAX_ROWS]
+        lib = segment_attention.library() if few else None
+        if lib is None:
+            return False
+        meta = segment_attention.fields([(s.first_row, s.n, s.past, type(s.kv) is SequenceKV) for s in few])
+        at = [segment_attention.FIELDS * i for i in range(len(few))]
+        stored = [(a, s) for a, s in zip(at, few) if type(s.kv) is SequenceKV]
+        owned = [(a, s) for a, s in zip(at, few) if type(s.kv) is not SequenceKV]
+        taken = {id(s) for s in few}
+        return lib, meta, stored, owned, [s for s in self.segments if id(s) not in taken]
+
+    def _attend_one(self, layer: int, s: Segment, query, key, value, scaling) -> torch.Tensor:
+        """One segment's rows in torch: write its keys/values, SDPA over its slot -> [1, H, n, d]."""
+        rows = slice(s.first_row, s.first_row + s.n)
+        keys, values = s.kv.write(layer, s.past, key[0, :, rows], value[0, :, rows])
+        if self.rows_alone and s.past and 1 < s.n <= ROWS_ALONE_MAX:
+            outs = []
+            for i in range(s.n):
+                end = s.past + i + 1
+                row = query[:, :, s.first_row + i : s.first_row + i + 1]
+                outs.append(grouped_sdpa(row, keys[None, :, :end], values[None, :, :end], None, scaling))
+            return torch.cat(outs, dim=2)
+        return grouped_sdpa(query[:, :, rows], keys[None], values[None], None, scaling)
