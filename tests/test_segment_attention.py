@@ -144,8 +144,11 @@ def test_bf16_rows_rows_alone_and_odd_head_sizes_stay_in_torch(native, monkeypat
 
 
 def test_torch_attends_where_the_kernel_cannot_be_built(monkeypatch, caplog):
+    from leapdecode.kernels.ops import forget_checks
+
     monkeypatch.setattr(segment_attention, "_compiler", lambda: None)
     segment_attention.forget()
+    forget_checks()  # notices are once per process: this one may have been given before in this process
     try:
         with caplog.at_level(logging.WARNING, logger="leapdecode"):
             assert segment_attention.library() is None
@@ -194,3 +197,71 @@ def test_the_library_is_built_for_the_instruction_set_torch_dispatches_to(monkey
             assert segment_attention.library() is not None and len(built) == 1  # read from the cache
         finally:
             segment_attention.forget()
+
+
+def test_a_compiler_without_openmp_builds_the_kernel_single_threaded(monkeypatch, tmp_path):
+    import subprocess
+
+    compiler = segment_attention._compiler()
+    if compiler is None:
+        pytest.skip("no C compiler")
+    commands, run = [], subprocess.run
+
+    def no_openmp(command, **kwargs):
+        commands.append(command)
+        if "-fopenmp" in command:
+            return subprocess.CompletedProcess(command, 1, "", "error: unsupported option '-fopenmp'")
+        return run(command, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", no_openmp)
+    with configured(cache_dir=str(tmp_path)):
+        segment_attention.forget()
+        try:
+            assert segment_attention.library() is not None
+            assert ["-fopenmp" in c for c in commands if c[0] == compiler and "-shared" in c] == [True, False]
+            q, k, v, pasts, segments = batch([(9, 1), (30, 4)], 64)
+            check(FlatBatch(segments).attend(0, q, k, v, 0.3), q, k, v, pasts, segments, 0.3)
+        finally:
+            segment_attention.forget()
+
+
+class OtherLayoutSlot:
+    """A slot whose owner keeps values inside a larger buffer (heads further apart than the keys') and, with
+    `rows_first`, keys as [length, kv_heads, d] (rows not d apart): not as the kernel reads them (rows d apart, heads
+    the same distance apart in keys and values), so FlatBatch must hand it packed copies."""
+
+    def __init__(self, keys, values, rows_first):
+        self.rows_first = rows_first
+        self.k = keys.transpose(0, 1).clone()  # [length, kv_heads, d]
+        self.v = torch.zeros(keys.shape[0], keys.shape[1] + 50, keys.shape[2])
+        self.v[:, : values.shape[1]] = values
+        self.length = keys.shape[1]
+
+    def write(self, layer, start, keys, values):
+        self.k = torch.cat([self.k[:start], keys.transpose(0, 1)])
+        self.v[:, start : start + values.shape[1]] = values
+        self.length = start + keys.shape[1]
+        keys = self.k.transpose(0, 1)
+        return keys if self.rows_first else keys.contiguous(), self.v[:, : self.length]
+
+    def layers(self):
+        from leapdecode.kv.slots import LayerKV
+
+        return [LayerKV(self.k.transpose(0, 1)[None], self.v[None, :, : self.length])]
+
+
+@pytest.mark.parametrize("rows_first", [True, False])
+def test_keys_kept_in_other_layouts_are_handed_over_packed(native, rows_first):
+    q, k, v, pasts, segments = batch([(14, 1), (6, 3)], 32, seed=3)
+    for s, (pk, pv) in zip(segments, pasts):
+        s.kv = OtherLayoutSlot(pk, pv, rows_first)
+    check(FlatBatch(segments).attend(0, q, k, v, 0.25), q, k, v, pasts, segments, 0.25)
+
+
+def test_queries_keys_and_values_of_any_strides_are_read_right(native):
+    """The kernel reads a contiguous last dimension: other layouts are copied first (none of leapdecode's forwards
+    hands one over today; another architecture's attention could)."""
+    q, k, v, pasts, segments = batch([(14, 1), (6, 3)], 32, seed=4)
+    odd = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (q, k, v)]  # same values, last dim strided
+    assert all(t.stride(-1) != 1 for t in odd)
+    check(FlatBatch(segments).attend(0, *odd, 0.25), q, k, v, pasts, segments, 0.25)

@@ -71,10 +71,14 @@ def _build(compiler: str, path: pathlib.Path, flags: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = pathlib.Path(tmp) / path.name
-        # OpenMP from the runtime torch already loaded (same soname), so the kernel shares torch's threads
-        command = [compiler, "-O3", "-fopenmp", "-shared", "-fPIC", *flags, str(SOURCE), "-o", str(out)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
+        # OpenMP from the runtime torch already loaded (same soname), so the kernel shares torch's threads; a
+        # compiler without OpenMP builds it single-threaded
+        for threads in (["-fopenmp"], []):
+            command = [compiler, "-O3", *threads, "-shared", "-fPIC", *flags, str(SOURCE), "-o", str(out)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            if done.returncode == 0:
+                break
+        else:
             raise RuntimeError((done.stderr.strip().splitlines() or ["compiler failed"])[-1][:160])
         os.replace(out, path)  # atomic: another process building the same library at once is harmless
 

@@ -178,11 +178,13 @@ class FlatBatch:
                 where = kv.addresses[layer]
             kv.length = need
             meta[at : at + 3] = where[:3]
+        held = []  # what the kernel reads must stay alive until it returns
         for at, s in owned:  # their owner (an HF cache) stores them
             rows = slice(s.first_row, s.first_row + s.n)
             keys, values = s.kv.write(layer, s.past, key[0, :, rows], value[0, :, rows])
             if not _rows_packed(keys, values):
                 keys, values = keys.contiguous(), values.contiguous()
+            held += (keys, values)
             meta[at], meta[at + 1], meta[at + 2] = keys.data_ptr(), values.data_ptr(), keys.stride(0)
         if stored or owned:
             segment_attention.attend_segments(lib, len(stored) + len(owned), meta, query, key, value, scaling, out)
