@@ -83,7 +83,7 @@ def _build(compiler: str, path: pathlib.Path, flags: list[str]) -> None:
         os.replace(out, path)  # atomic: another process building the same library at once is harmless
 
 
-def _load() -> ctypes.CDLL | None:
+def _load() -> ctypes.CDLL:
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC)")
