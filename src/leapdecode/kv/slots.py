@@ -41,8 +41,6 @@ class SequenceKV:
     def __init__(self, layers: int):
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
-        # per layer (keys address, values address, distance between heads, capacity): what the native kernel reads
-        self.addresses: list[tuple[int, int, int, int] | None] = [None] * layers
         self.length = 0
 
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor):
@@ -59,9 +57,8 @@ class SequenceKV:
         buffer = self.keys[layer]
         if buffer is None or need > buffer.shape[1]:
             capacity = room_for(need)
-            keys = self.keys[layer] = _grown(buffer, like, start, capacity)
-            values = self.values[layer] = _grown(self.values[layer], like, start, capacity)
-            self.addresses[layer] = (keys.data_ptr(), values.data_ptr(), keys.stride(0), capacity)
+            self.keys[layer] = _grown(buffer, like, start, capacity)
+            self.values[layer] = _grown(self.values[layer], like, start, capacity)
         self.length = need
 
     def load(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
@@ -171,13 +168,9 @@ class FlatBatch:
         out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])  # [1, R, H, d]: what o_proj reads
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
         for at, s in stored:  # the kernel writes their new rows into their buffers
-            kv, need = s.kv, s.past + s.n
-            where = kv.addresses[layer]
-            if where is None or need > where[3]:
-                kv.reserve(layer, s.past, need, key[0, :, :1])
-                where = kv.addresses[layer]
-            kv.length = need
-            meta[at : at + 3] = where[:3]
+            s.kv.reserve(layer, s.past, s.past + s.n, key[0, :, :1])
+            keys = s.kv.keys[layer]
+            meta[at], meta[at + 1], meta[at + 2] = keys.data_ptr(), s.kv.values[layer].data_ptr(), keys.stride(0)
         held = []  # what the kernel reads must stay alive until it returns
         for at, s in owned:  # their owner (an HF cache) stores them
             rows = slice(s.first_row, s.first_row + s.n)
@@ -204,7 +197,9 @@ class FlatBatch:
             return False
         if not segment_attention.takes_head_dim(query.shape[3]):
             return False
-        few = [s for s in self.segments if s.past and s.n <= segment_attention.MAX_ROWS]
+        few, rest = [], []
+        for s in self.segments:
+            (few if s.past and s.n <= segment_attention.MAX_ROWS else rest).append(s)
         lib = segment_attention.library() if few else None
         if lib is None:
             return False
@@ -212,8 +207,7 @@ class FlatBatch:
         at = [segment_attention.FIELDS * i for i in range(len(few))]
         stored = [(a, s) for a, s in zip(at, few) if type(s.kv) is SequenceKV]
         owned = [(a, s) for a, s in zip(at, few) if type(s.kv) is not SequenceKV]
-        taken = {id(s) for s in few}
-        return lib, meta, stored, owned, [s for s in self.segments if id(s) not in taken]
+        return lib, meta, stored, owned, rest
 
     def _attend_one(self, layer: int, s: Segment, query, key, value, scaling) -> torch.Tensor:
         """One segment's rows in torch: write its keys/values, SDPA over its slot -> [1, H, n, d]."""
