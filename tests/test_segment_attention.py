@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from leapdecode.kernels import configured, segment_attention
+from leapdecode.kernels import native as build
 from leapdecode.kv.slots import CacheSlot, FlatBatch, Segment, SequenceKV
 
 HEADS, KV_HEADS = 6, 2
@@ -146,7 +147,7 @@ def test_bf16_rows_rows_alone_and_odd_head_sizes_stay_in_torch(native, monkeypat
 def test_torch_attends_where_the_kernel_cannot_be_built(monkeypatch, caplog):
     from leapdecode.kernels.ops import forget_checks
 
-    monkeypatch.setattr(segment_attention, "_compiler", lambda: None)
+    monkeypatch.setattr(build, "compiler", lambda: None)
     segment_attention.forget()
     forget_checks()  # notices are once per process: this one may have been given before in this process
     try:
@@ -178,18 +179,18 @@ def test_the_library_is_built_for_the_instruction_set_torch_dispatches_to(monkey
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("ISA flags are chosen on x86 only")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert segment_attention.march_flags() == ["-mavx2", "-mfma", "-mf16c"]
+    assert build.march_flags() == ["-mavx2", "-mfma", "-mf16c"]
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
-    assert segment_attention.march_flags() == []
-    compiler = segment_attention._compiler()
+    assert build.march_flags() == []
+    compiler = build.compiler()
     if compiler is None:
         pytest.skip("no C compiler")
     with configured(cache_dir=str(tmp_path)):
-        path = segment_attention._library_path(compiler, [])
-        assert path != segment_attention._library_path(compiler, ["-mavx2", "-mfma", "-mf16c"])
+        path = build.library_path(segment_attention._library.source, compiler, [])
+        assert path != build.library_path(segment_attention._library.source, compiler, ["-mavx2", "-mfma", "-mf16c"])
         built = []
-        real = segment_attention._build
-        monkeypatch.setattr(segment_attention, "_build", lambda *a: built.append(a) or real(*a))
+        real = build.build
+        monkeypatch.setattr(build, "build", lambda *a: built.append(a) or real(*a))
         segment_attention.forget()
         try:
             assert segment_attention.library() is not None and len(built) == 1 and path.exists()
@@ -202,7 +203,7 @@ def test_the_library_is_built_for_the_instruction_set_torch_dispatches_to(monkey
 def test_a_compiler_without_openmp_builds_the_kernel_single_threaded(monkeypatch, tmp_path):
     import subprocess
 
-    compiler = segment_attention._compiler()
+    compiler = build.compiler()
     if compiler is None:
         pytest.skip("no C compiler")
     commands, run = [], subprocess.run

@@ -1,13 +1,17 @@
 """CPU kernels the Runner uses inside its own forwards, chosen per host by measurement.
 
 - `install_packed_linear` routes a model's fp32/bf16 `nn.Linear` layers through a per-call choice of linear path
-  (`F.linear`, a weight pre-packed once into oneDNN's blocked layout, with or without padding to four rows), active
-  only under `packed_kernels(...)`: HF `generate` and the bench's baselines keep `F.linear`.
+  (`F.linear`, `native_linear`'s panel kernel, a weight pre-packed once into oneDNN's blocked layout, with or without
+  padding to four rows), active only under `packed_kernels(...)`: HF `generate` and the bench's baselines keep
+  `F.linear`.
 - `install_argmax_head` lets a greedy decode's output head run as an ArgmaxOutputHead (bf16, exact argmax).
 - `fused_decoder` runs Llama/Qwen2 models in one flat loop over their own modules, q/k/v and gate/up fused
   (`configure(decoder="hf")` keeps the model's own forward).
 - `calibrate` measures the paths per layer shape, dtype and row count on this host (cached on disk) and `kernel_table`
   / `describe_kernels` show what was chosen; `configure(linear=..., argmax_head=...)` forces a choice instead.
+- `decoder_ops`: the fused decoder's RMSNorm, rotary embedding and SiLU in one native call each
+  (`configure(elementwise="torch")` keeps torch's operations).
+- `native` builds these C kernels (csrc/) once per host; `settings` holds the process's choices and the cache dir.
 - `segment_attention` attends the decode and verification rows of every sequence of a flat batch in one native call
   per layer (a small C kernel built once per host; torch's SDPA per sequence where it cannot be built, or with
   `configure(attention="sdpa")` / LEAPDECODE_ATTENTION=sdpa).

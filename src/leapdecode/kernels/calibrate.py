@@ -20,7 +20,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import tempfile
 import time
 from collections import defaultdict
@@ -32,20 +31,22 @@ from .ops import PAD_ROWS
 from .packed import (
     ARGMAX_PATHS,
     LINEAR_PATHS,
-    _settings,
     apply,
     available,
     drop_derived,
     forget_routes,
     prepare,
 )
+from .settings import cache_dir, host_cpu
 
-VERSION = 2  # bump when what is measured changes: older cache entries are then ignored
+VERSION = 3  # bump when what is measured changes: older cache entries are then ignored
 # 1 + draft length for single requests (up to 17), and the flat batches of a batched engine
 BUCKETS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 64, 128, 256)
 # the output head is one huge layer per model: its bf16 argmax variants are timed at fewer row counts
 ARGMAX_BUCKETS = (1, 3, 5, 9, 17, 64)
-MARGIN = 0.03  # a path listed later (hf, packed, packed-pad, argmax variants) must be this much faster to be chosen
+MARGIN = (
+    0.03  # a path listed later (hf, native, packed, packed-pad, argmax variants) must be this much faster to be chosen
+)
 PASS_S = 3e-3  # one timed pass cycles through layers of a shape for about this long (past the caches)
 ROUNDS, MAX_ROUNDS = 3, 8  # interleaved rounds per row count (more while the best times still drop)
 BUDGET_S = 2.0  # per shape: past half of it no extra rounds, past all of it a single round per row count
@@ -174,30 +175,12 @@ def host_key() -> str:
     count: what decides which kernel is fastest."""
     limits = ",".join(f"{name}={os.environ[name]}" for name in ISA_LIMITS if name in os.environ)
     isa = torch.backends.cpu.get_cpu_capability()
-    raw = f"{VERSION}|{_cpu()}|{isa}|{limits}|{torch.__version__}|{torch.get_num_threads()}"
+    raw = f"{VERSION}|{host_cpu()}|{isa}|{limits}|{torch.__version__}|{torch.get_num_threads()}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-@functools.cache
-def _cpu() -> str:
-    cpu, flags = platform.processor() or platform.machine(), ""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name") and cpu in ("", platform.machine(), platform.processor()):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith(("flags", "Features")) and not flags:
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return f"{cpu}|{flags}"
-
-
 def cache_file() -> pathlib.Path:
-    if _settings["cache_dir"] is not None:
-        return pathlib.Path(_settings["cache_dir"]) / "kernel-calibration.json"
-    import platformdirs
-
-    return pathlib.Path(platformdirs.user_cache_dir("leapdecode")) / "kernel-calibration.json"
+    return cache_dir() / "kernel-calibration.json"
 
 
 def forget() -> None:

@@ -22,6 +22,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from ..models.weight_only import Q4Linear
+from . import decoder_ops
 from .install import install_packed_linear
 from .packed import _eligible, _settings
 
@@ -115,6 +116,8 @@ class FusedDecoder(torch.nn.Module):
         self.gate_up = torch.nn.ModuleList(_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers)
         self.splits = [(layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features) for layer in layers]
         self._parts = self._projections()  # what was fused: a model whose layers are replaced since needs a new one
+        # q4 models keep torch's operations: their bf16 products turn HF's last-bit differences into near-ties
+        self.native_elementwise = type(self.qkv[0]) is not Q4Linear and decoder_ops.supports(model)
         install_packed_linear(self)
 
     @property
@@ -174,15 +177,32 @@ class FusedDecoder(torch.nn.Module):
     def attention_inputs(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Layer i up to attention: x [1, n, C] -> query [1, H, n, d], key and value [1, KVH, n, d]."""
         layer, (q_width, kv_width) = self.model.model.layers[i], self.splits[i]
-        shape = (1, x.shape[1], -1, layer.self_attn.head_dim)
-        q, k, v = self.qkv[i](layer.input_layernorm(x)).split([q_width, kv_width, kv_width], dim=-1)
-        q, k = apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
-        return q, k, v.view(shape).transpose(1, 2)
+        head_dim = layer.self_attn.head_dim
+        shape = (1, x.shape[1], -1, head_dim)
+        lib = self._native(x)
+        if lib is None:
+            q, k, v = self.qkv[i](layer.input_layernorm(x)).split([q_width, kv_width, kv_width], dim=-1)
+            q, k = apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
+            return q, k, v.view(shape).transpose(1, 2)
+        qkv = self.qkv[i](decoder_ops.add_rms_norm(lib, x, None, layer.input_layernorm)[1]).contiguous()
+        decoder_ops.rotary(lib, qkv, q_width // head_dim, kv_width // head_dim, head_dim, cos, sin)
+        q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
+        return q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
 
     def after_attention(self, i: int, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Layer i from attention's output [1, H, n, d] on: output projection, MLP, both residuals."""
         layer = self.model.model.layers[i]
-        x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(1, x.shape[1], -1))
-        mlp = layer.mlp
-        gate, up = self.gate_up[i](layer.post_attention_layernorm(x)).chunk(2, dim=-1)  # Llama's are equal
-        return x + mlp.down_proj(mlp.act_fn(gate) * up)
+        attended = layer.self_attn.o_proj(out.transpose(1, 2).reshape(1, x.shape[1], -1))
+        mlp, lib = layer.mlp, self._native(x)
+        if lib is None:
+            x = x + attended
+            gate, up = self.gate_up[i](layer.post_attention_layernorm(x)).chunk(2, dim=-1)  # Llama's are equal
+            return x + mlp.down_proj(mlp.act_fn(gate) * up)
+        x, normed = decoder_ops.add_rms_norm(lib, x, attended.contiguous(), layer.post_attention_layernorm)
+        return x + mlp.down_proj(decoder_ops.silu_mul(lib, self.gate_up[i](normed).contiguous()))
+
+    def _native(self, x: torch.Tensor):
+        """The native elementwise library where this forward may use it on x (contiguous fp32 rows), else None."""
+        if not self.native_elementwise or x.dtype != torch.float32 or not x.is_contiguous():
+            return None
+        return decoder_ops.library()

@@ -1,8 +1,8 @@
 """Per-call dispatch of a model's `nn.Linear` layers to a linear path, inside leapdecode's own forwards only.
 
-Paths: "hf" (the layer's own forward, `F.linear`), "packed" (a copy of the weight packed once into oneDNN's blocked
-layout: `F.linear` re-lays out a plain weight on every call), "packed-pad" (the same, fewer than four rows zero-padded
-to four), and for a greedy output head "argmax-bf16-packed" / "argmax-bf16-linear" (ArgmaxOutputHead). Under the
+Paths: "hf" (the layer's own forward, `F.linear`), "native" (an fp32 weight packed once into column panels for a
+small C kernel: kernels.native_linear), "packed" (a copy of the weight packed once into oneDNN's blocked layout:
+`F.linear` re-lays out a plain weight on every call), "packed-pad" (the same, fewer than four rows zero-padded to four), and for a greedy output head "argmax-bf16-packed" / "argmax-bf16-linear" (ArgmaxOutputHead). Under the
 "auto" setting each layer follows the plan calibration measured for its shape, dtype and row count on this host.
 """
 
@@ -10,35 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import types
 import weakref
 
 import torch
 import torch.nn.functional as F
 
+from . import native_linear
 from .argmax_head import ArgmaxOutputHead, fast_bf16
+from .native_linear import Panels
 from .ops import notice, packed_matmul, packed_ops, reorder
+from .settings import _settings
 
-LINEAR_PATHS = ("hf", "packed", "packed-pad")
+LINEAR_PATHS = ("hf", "native", "packed", "packed-pad")  # in order of preference at equal speed
 ARGMAX_PATHS = ("argmax-bf16-packed", "argmax-bf16-linear")
 MODES = ("auto",) + LINEAR_PATHS
 ARGMAX_MODES = ("auto", "on", "off")
 DECODERS = ("fused", "hf")
 ATTENTIONS = ("native", "sdpa")
+ELEMENTWISE = ("native", "torch")
 
-# linear: "auto" (calibrated per host) or a path forced everywhere; argmax_head: "auto" (where calibration found it
-# faster), "on" (always, where greedy asks for it) or "off"; decoder: "fused" (kernels.fused_decoder where the model
-# is supported) or "hf" (the model's own forward); attention: "native" (kernels.segment_attention for a flat batch's
-# decode and verification rows, where it builds) or "sdpa" (torch's, one call per sequence; also
-# LEAPDECODE_ATTENTION=sdpa); cache_dir: None for the user cache dir
-_settings: dict = {
-    "linear": "auto",
-    "argmax_head": "auto",
-    "decoder": "fused",
-    "attention": "sdpa" if os.environ.get("LEAPDECODE_ATTENTION") == "sdpa" else "native",
-    "cache_dir": None,
-}
 _mode = contextvars.ContextVar("leapdecode_packed_linear", default=False)
 _epoch = [0]  # bumped by forget_routes
 _argmax_only = contextvars.ContextVar("leapdecode_argmax_only", default=False)
@@ -46,6 +37,7 @@ _argmax_only = contextvars.ContextVar("leapdecode_argmax_only", default=False)
 # carry it, and rebuilt when the weight is replaced or changed in place
 _derived: "weakref.WeakKeyDictionary[torch.nn.Linear, dict]" = weakref.WeakKeyDictionary()
 _DERIVED_KIND = {
+    "native": "native",
     "packed": "packed",
     "packed-pad": "packed",
     "argmax-bf16-packed": "argmax-packed",
@@ -62,16 +54,18 @@ def configure(
     argmax_head: str | None = None,
     decoder: str | None = None,
     attention: str | None = None,
+    elementwise: str | None = None,
     cache_dir=None,
 ) -> dict:
     """Set the process's kernel choice (None leaves a setting as is); returns the previous settings.
     linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"; decoder: "fused" | "hf";
-    attention: "native" | "sdpa"."""
+    attention: "native" | "sdpa"; elementwise: "native" | "torch"."""
     for name, value, allowed in (
         ("linear kernels", linear, MODES),
         ("argmax_head", argmax_head, ARGMAX_MODES),
         ("decoder", decoder, DECODERS),
         ("attention", attention, ATTENTIONS),
+        ("elementwise", elementwise, ELEMENTWISE),
     ):
         if value is not None and value not in allowed:
             raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -82,6 +76,7 @@ def configure(
         ("argmax_head", argmax_head),
         ("decoder", decoder),
         ("attention", attention),
+        ("elementwise", elementwise),
         ("cache_dir", cache_dir),
     ):
         if value is not None:
@@ -170,6 +165,8 @@ def prepare(path: str, weight: torch.Tensor):
     """What `path` computes with, derived from a weight (packing it, or a bf16 copy for the argmax head)."""
     if path == "hf":
         return weight
+    if path == "native":
+        return Panels(weight)
     if path in ("packed", "packed-pad"):
         return reorder(weight)
     return ArgmaxOutputHead(weight, packed=path == "argmax-bf16-packed")
@@ -181,6 +178,8 @@ def apply(path: str, state, flat: torch.Tensor, bias: torch.Tensor | None) -> to
         return F.linear(flat, state, bias)
     if path in ("packed", "packed-pad"):
         return packed_matmul(flat, state, bias, pad=path == "packed-pad")
+    if path == "native":
+        return state(flat, bias)
     return state(flat)
 
 
@@ -189,6 +188,8 @@ def available(path: str, dtype: torch.dtype) -> bool:
         return True
     if path == "argmax-bf16-packed":
         return packed_ops(torch.bfloat16)
+    if path == "native":
+        return dtype == torch.float32 and native_linear.library() is not None
     return packed_ops(dtype)
 
 
