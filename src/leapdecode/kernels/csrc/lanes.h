@@ -28,24 +28,6 @@ static inline float sum16(v16 x) { /* a fixed tree of halves: the same bits for 
     for (int w = 8; w > 0; w /= 2)
         for (int l = 0; l < w; l++) t[l] += t[l + w];
     return (t[0]);
-#if defined(__has_builtin) && __has_builtin(__builtin_shufflevector)
-#define HAVE_SUM16X16 1
-/* lane t = sum16(x[t]) for 16 vectors, bit for bit: the same tree of halves, four keys' levels at a time */
-static inline v16 sum16x16(const v16 *x) {
-    v16 a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++) /* per vector: lanes l + l+8 */
-        a[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               __builtin_shufflevector(x[2 * i], x[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    for (int i = 0; i < 4; i++) /* then l + l+4 */
-        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    for (int i = 0; i < 2; i++) /* then (b0 + b2), (b1 + b3) */
-        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-}
-#endif
 
 #endif
 }
@@ -73,24 +55,5 @@ static inline v16 exp16(v16 x) {
     i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
     return p * (v16)bits;
 }
-
-#if defined(__has_builtin) && __has_builtin(__builtin_shufflevector)
-#define HAVE_SUM16X16 1
-/* lane t = sum16(x[t]) for 16 vectors, bit for bit: the same tree of halves, four keys' levels at a time */
-static inline v16 sum16x16(const v16 *x) {
-    v16 a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++) /* per vector: lanes l + l+8 */
-        a[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               __builtin_shufflevector(x[2 * i], x[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    for (int i = 0; i < 4; i++) /* then l + l+4 */
-        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    for (int i = 0; i < 2; i++) /* then (b0 + b2), (b1 + b3) */
-        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-}
-#endif
 
 #endif

@@ -33,21 +33,7 @@ static inline __attribute__((always_inline)) void rows_of_head(const float *qh, 
         const float *qi = qh + i * q_row;
         for (int64_t c = 0; c < chunks; c++) q[c] = load16(qi + LANES * c);
         int64_t length = past + i + 1, blocks = (length + LANES - 1) / LANES; /* row i sees keys 0 .. past + i */
-        int64_t j = 0;
-#ifdef HAVE_SUM16X16
-        for (; j + LANES <= length; j += LANES) { /* 16 keys' dot products, reduced together */
-            v16 dots[LANES];
-            for (int t = 0; t < LANES; t++) {
-                const float *kj = kb + (j + t) * D;
-                v16 dot = q[0] * load16(kj);
-                for (int64_t c = 1; c < chunks; c++) dot += q[c] * load16(kj + LANES * c);
-                dots[t] = dot;
-            }
-            v16 block = sum16x16(dots) * scale;
-            memcpy(scores + j, &block, sizeof block);
-        }
-#endif
-        for (; j < length; j++) {
+        for (int64_t j = 0; j < length; j++) {
             const float *kj = kb + j * D;
             v16 dot = q[0] * load16(kj);
             for (int64_t c = 1; c < chunks; c++) dot += q[c] * load16(kj + LANES * c);
