@@ -44,3 +44,17 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def release_openmp_threads() -> bool:
+    """Give back the calling thread's idle OpenMP workers (`omp_pause_resource_all`, soft: they are made again on
+    demand). Each thread that runs torch's parallel work gets a team of its own; when another thread takes the work
+    over (the server's engine thread, after the model was loaded and calibrated in the main one), the old team's
+    workers kept competing with the new one for the cores: a decode step took about 1.5 times as long. Returns whether
+    the runtime took the call (False where there is no libgomp with OpenMP 5.0's pause)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libgomp.so.1").omp_pause_resource_all(1) == 0  # 1: omp_pause_soft
+    except (OSError, AttributeError):
+        return False

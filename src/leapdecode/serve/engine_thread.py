@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..host import release_openmp_threads
 from .security import error_id
 
 FAILING_AFTER = 3  # steps in a row that raised: the engine is failing
@@ -56,6 +57,7 @@ class EngineThread:
 
     def start(self) -> "EngineThread":
         if not self._thread.is_alive():
+            release_openmp_threads()  # the engine was built in this thread: its OpenMP team would compete with ours
             self._thread.start()
         return self
 
