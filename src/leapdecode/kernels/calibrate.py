@@ -44,9 +44,8 @@ VERSION = 3  # bump when what is measured changes: older cache entries are then 
 BUCKETS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 64, 128, 256)
 # the output head is one huge layer per model: its bf16 argmax variants are timed at fewer row counts
 ARGMAX_BUCKETS = (1, 3, 5, 9, 17, 64)
-MARGIN = (
-    0.03  # a path listed later (hf, native, packed, packed-pad, argmax variants) must be this much faster to be chosen
-)
+# a path listed later (hf, native, packed, packed-pad, argmax variants) must be this much faster to be chosen
+MARGIN = 0.03
 PASS_S = 3e-3  # one timed pass cycles through layers of a shape for about this long (past the caches)
 ROUNDS, MAX_ROUNDS = 3, 8  # interleaved rounds per row count (more while the best times still drop)
 BUDGET_S = 2.0  # per shape: past half of it no extra rounds, past all of it a single round per row count

@@ -2,8 +2,9 @@
 
 Paths: "hf" (the layer's own forward, `F.linear`), "native" (an fp32 weight packed once into column panels for a
 small C kernel: kernels.native_linear), "packed" (a copy of the weight packed once into oneDNN's blocked layout:
-`F.linear` re-lays out a plain weight on every call), "packed-pad" (the same, fewer than four rows zero-padded to four), and for a greedy output head "argmax-bf16-packed" / "argmax-bf16-linear" (ArgmaxOutputHead). Under the
-"auto" setting each layer follows the plan calibration measured for its shape, dtype and row count on this host.
+`F.linear` re-lays out a plain weight on every call), "packed-pad" (the same, fewer than four rows zero-padded to
+four), and for a greedy output head "argmax-bf16-packed" / "argmax-bf16-linear" (ArgmaxOutputHead). Under the "auto"
+setting each layer follows the plan calibration measured for its shape, dtype and row count on this host.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import torch.nn.functional as F
 
 from . import native_linear
 from .argmax_head import ArgmaxOutputHead, fast_bf16
-from .native_linear import Panels
 from .ops import notice, packed_matmul, packed_ops, reorder
 from .settings import _settings
 
@@ -166,7 +166,7 @@ def prepare(path: str, weight: torch.Tensor):
     if path == "hf":
         return weight
     if path == "native":
-        return Panels(weight)
+        return native_linear.Panels(weight)
     if path in ("packed", "packed-pad"):
         return reorder(weight)
     return ArgmaxOutputHead(weight, packed=path == "argmax-bf16-packed")
