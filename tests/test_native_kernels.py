@@ -117,7 +117,7 @@ def test_where_the_kernel_cannot_be_built_the_path_is_not_offered(monkeypatch, c
         notices = [r.getMessage() for r in caplog.records if "native linear" in r.getMessage()]
         assert len(notices) == 1 and "\n" not in notices[0]
     finally:
-        native_linear.forget()
+        native.forget_all()
 
 
 @pytest.fixture
@@ -196,4 +196,4 @@ def test_the_setting_and_a_missing_compiler_keep_torch_s_operations(monkeypatch,
         notices = [r.getMessage() for r in caplog.records if "decoder operations" in r.getMessage()]
         assert len(notices) == 1 and "\n" not in notices[0]
     finally:
-        decoder_ops.forget()
+        native.forget_all()

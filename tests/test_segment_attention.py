@@ -160,7 +160,7 @@ def test_torch_attends_where_the_kernel_cannot_be_built(monkeypatch, caplog):
         notices = [r.getMessage() for r in caplog.records if "segment attention" in r.getMessage()]
         assert len(notices) == 1 and "\n" not in notices[0]
     finally:
-        segment_attention.forget()
+        build.forget_all()
 
 
 def test_the_setting_keeps_attention_in_torch():

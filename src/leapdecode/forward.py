@@ -51,7 +51,7 @@ class ModelForward:
         layout.rows_alone, layout.native_attention = self.rows_alone, self.packed_weights
         with model_kernels(self.model, self.packed_weights, argmax_only, layout):
             if self.decoder is not None:
-                logits, states = self.decoder(ids, positions, layout.attend, keep)
+                logits, states = self.decoder(ids, positions, layout, keep)
                 return logits, states if hidden else None
             with final_norm_output(self.model, hidden) as captured:
                 logits = self.model(

@@ -23,6 +23,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from ..models.weight_only import Q4Linear
 from . import decoder_ops
+from .decoder_step import NativeStep
 from .install import install_packed_linear
 from .packed import _eligible, _settings
 
@@ -119,6 +120,7 @@ class FusedDecoder(torch.nn.Module):
         # q4 models keep torch's operations: their bf16 products turn HF's last-bit differences into near-ties
         self.native_elementwise = type(self.qkv[0]) is not Q4Linear and decoder_ops.supports(model)
         install_packed_linear(self)
+        self.native_step = NativeStep(self)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -153,12 +155,17 @@ class FusedDecoder(torch.nn.Module):
         return True
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attend, keep: slice | torch.Tensor
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout, keep: slice | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """input_ids, position_ids [n] -> (logits of the `keep` rows [m, V], their final-norm hidden states [m, C])."""
+        """input_ids, position_ids [n] -> (logits of the `keep` rows [m, V], their final-norm hidden states [m, C]).
+        layout: the step's kv.slots.FlatBatch (its `attend` is each layer's attention)."""
         x, cos, sin = self.embed(input_ids, position_ids)
-        for i in range(len(self.splits)):
-            x = self.layer(i, x, cos, sin, attend)
+        stepped = self.native_step(x, cos, sin, layout)  # all layers in one native call, where it applies
+        if stepped is not None:
+            x = stepped
+        else:
+            for i in range(len(self.splits)):
+                x = self.layer(i, x, cos, sin, layout.attend)
         hidden = self.model.model.norm(x)[0, keep]
         return self.model.get_output_embeddings()(hidden), hidden
 

@@ -25,6 +25,7 @@ from .ops import notice
 from .settings import cache_dir, host_cpu
 
 CSRC = pathlib.Path(__file__).with_name("csrc")
+_libraries: list[NativeLibrary] = []
 
 
 def march_flags() -> list[str]:
@@ -45,8 +46,8 @@ def compiler() -> str | None:
 
 def library_path(source: pathlib.Path, compiler: str, flags: list[str]) -> pathlib.Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what the source may include
-    key = "|".join([source.read_text(), *headers, compiler, version, " ".join(flags), host_cpu(), torch.__version__])
+    included = [f.read_text() for f in sorted(source.parent.glob("*.[ch]"))]  # what the source may include
+    key = "|".join([source.read_text(), *included, compiler, version, " ".join(flags), host_cpu(), torch.__version__])
     return cache_dir() / "native" / f"{source.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
 
 
@@ -64,6 +65,12 @@ def build(compiler: str, source: pathlib.Path, path: pathlib.Path, flags: list[s
         os.replace(out, path)  # atomic: another process building the same library at once is harmless
 
 
+def forget_all() -> None:
+    """Check, build if needed and load every library again on next use (tests that take the compiler away)."""
+    for library in _libraries:
+        library.forget()
+
+
 class NativeLibrary:
     """csrc/`name`.c as a ctypes library, built and loaded on first `get()`. `signatures`: function name ->
     (restype, argtypes). `enabled()` says whether the settings want it at all; `what` names it in the notice given
@@ -73,6 +80,7 @@ class NativeLibrary:
         self.source = CSRC / f"{name}.c"
         self.signatures, self.enabled, self.what, self.fallback = signatures, enabled, what, fallback
         self.forget()
+        _libraries.append(self)
 
     def get(self) -> ctypes.CDLL | None:
         if not self.enabled():

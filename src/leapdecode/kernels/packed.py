@@ -29,6 +29,7 @@ ARGMAX_MODES = ("auto", "on", "off")
 DECODERS = ("fused", "hf")
 ATTENTIONS = ("native", "sdpa")
 ELEMENTWISE = ("native", "torch")
+STEPS = ("native", "layers")
 
 _mode = contextvars.ContextVar("leapdecode_packed_linear", default=False)
 _epoch = [0]  # bumped by forget_routes
@@ -55,17 +56,19 @@ def configure(
     decoder: str | None = None,
     attention: str | None = None,
     elementwise: str | None = None,
+    step: str | None = None,
     cache_dir=None,
 ) -> dict:
     """Set the process's kernel choice (None leaves a setting as is); returns the previous settings.
     linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"; decoder: "fused" | "hf";
-    attention: "native" | "sdpa"; elementwise: "native" | "torch"."""
+    attention: "native" | "sdpa"; elementwise: "native" | "torch"; step: "native" | "layers"."""
     for name, value, allowed in (
         ("linear kernels", linear, MODES),
         ("argmax_head", argmax_head, ARGMAX_MODES),
         ("decoder", decoder, DECODERS),
         ("attention", attention, ATTENTIONS),
         ("elementwise", elementwise, ELEMENTWISE),
+        ("step", step, STEPS),
     ):
         if value is not None and value not in allowed:
             raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -77,6 +80,7 @@ def configure(
         ("decoder", decoder),
         ("attention", attention),
         ("elementwise", elementwise),
+        ("step", step),
         ("cache_dir", cache_dir),
     ):
         if value is not None:

@@ -13,7 +13,9 @@ import platform
 # is supported) or "hf" (the model's own forward); attention: "native" (kernels.segment_attention for a flat batch's
 # decode and verification rows, where it builds) or "sdpa" (torch's, one call per sequence; also
 # LEAPDECODE_ATTENTION=sdpa); elementwise: "native" (kernels.decoder_ops for the fused decoder's norms, rotary
-# embedding and activation, where the model's layers are supported) or "torch"; cache_dir: where calibrations and
+# embedding and activation, where the model's layers are supported) or "torch"; step: "native" (kernels.decoder_step: a decode
+# or verification step through every layer in one native call, where all its kernels are native) or "layers";
+# cache_dir: where calibrations and
 # built libraries are kept (None: the user cache dir). Changed through packed.configure.
 _settings: dict = {
     "linear": "auto",
@@ -21,6 +23,7 @@ _settings: dict = {
     "decoder": "fused",
     "attention": "sdpa" if os.environ.get("LEAPDECODE_ATTENTION") == "sdpa" else "native",
     "elementwise": "native",
+    "step": "native",
     "cache_dir": None,
 }
 

@@ -42,6 +42,7 @@ class SequenceKV:
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
         self.length = 0
+        self._addresses: list[int] | None = None  # per layer: key buffer, value buffer, head distance
 
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor):
         """Store rows start.. of this layer ([kv_heads, n, head_dim]); return views of rows 0 .. start + n."""
@@ -59,7 +60,22 @@ class SequenceKV:
             capacity = room_for(need)
             self.keys[layer] = _grown(buffer, like, start, capacity)
             self.values[layer] = _grown(self.values[layer], like, start, capacity)
+            self._addresses = None
         self.length = need
+
+    def reserve_all(self, start: int, need: int) -> list[int]:
+        """`reserve` rows start .. need in every layer (all written already up to start); return per layer the
+        addresses of the key and value buffers and the distance between their heads in floats, for a native step
+        that writes the rows itself."""
+        if need > self.capacity:
+            for layer, keys in enumerate(self.keys):
+                self.reserve(layer, start, need, keys[:, :1])
+        self.length = need
+        if self._addresses is None:
+            self._addresses = [
+                a for k, v in zip(self.keys, self.values) for a in (k.data_ptr(), v.data_ptr(), k.stride(0))
+            ]
+        return self._addresses
 
     def load(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         """Start from a cached prefix: per layer [kv_heads, n, head_dim]."""
@@ -186,6 +202,20 @@ class FlatBatch:
                 0
             ].transpose(0, 1)
         return out.transpose(1, 2)
+
+    def native_step_buffers(self) -> tuple[list[int], list[int]] | None:
+        """For a native decoder step (kernels.decoder_step), where every sequence's rows would attend through the
+        native kernel into its own SequenceKV: (per sequence its first row, rows and past; per sequence and layer its
+        buffers, SequenceKV.reserve_all), the rows reserved in every layer. None, with nothing changed, otherwise."""
+        if not self.native_attention or self.rows_alone:
+            return None
+        if not all(type(s.kv) is SequenceKV and s.past and s.n <= segment_attention.MAX_ROWS for s in self.segments):
+            return None
+        rows, buffers = [], []
+        for s in self.segments:
+            rows += (s.first_row, s.n, s.past)
+            buffers += s.kv.reserve_all(s.past, s.past + s.n)
+        return rows, buffers
 
     def _native_plan(self, query):
         """How this step's rows attend: False (all in torch) or (the native kernel, its per-segment fields, the
