@@ -97,6 +97,19 @@ def test_step_costs_ignore_empty_measurements_and_average_with_decay():
     assert costs.seconds == {4: COST_DECAY * 1.0 + (1 - COST_DECAY) * 2.0}
 
 
+def test_a_size_measured_once_in_a_slow_moment_never_looks_dearer_than_larger_sizes():
+    """Otherwise the planner avoids that size for good and never measures it again."""
+    from leapdecode.controller import StepCost
+
+    costs = StepCost()
+    for rows, seconds in ((1, 0.020), (2, 0.097), (4, 0.024), (8, 0.030)):
+        costs.record(rows, seconds)
+    assert [costs(r) for r in (1, 2, 3, 4, 6, 8, 12)] == [0.020, 0.024, 0.024, 0.024, 0.027, 0.030, 0.030]
+    assert costs.seconds[2] == 0.097  # the measurement itself is kept
+    costs.record(3, 0.010)  # a new measurement lowers what larger sizes cap
+    assert costs(2) == 0.010 and costs(1) == 0.010
+
+
 def test_the_plan_charges_drafting_time_and_keeps_only_real_gains():
     import pytest
 

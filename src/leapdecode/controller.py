@@ -30,10 +30,16 @@ REPROBE_STEPS = 32  # plain steps in a row before one draft is tried again
 
 class StepCost:
     """Seconds of one target forward over R rows, measured online (a decayed average per R) and interpolated between
-    measured sizes; beyond the largest measured size, that size's cost (optimistic: it gets tried, then known)."""
+    measured sizes; beyond the largest measured size, that size's cost (optimistic: it gets tried, then known).
+
+    Estimates are read through a monotone envelope: R rows cost at most what any measured larger size costs. A forward
+    over fewer rows does not cost more, so a size measured once in a slow moment (the first call at a new row count
+    builds its kernel routes; the machine was busy) cannot look dearer than larger ones: otherwise the planner would
+    avoid that size and never measure it again."""
 
     def __init__(self):
         self.seconds: dict[int, float] = {}
+        self._envelope: dict[int, float] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.seconds)
@@ -45,9 +51,20 @@ class StepCost:
         if rows > 0 and seconds > 0:
             old = self.seconds.get(rows)
             self.seconds[rows] = seconds if old is None else COST_DECAY * old + (1 - COST_DECAY) * seconds
+            self._envelope = None
+
+    def envelope(self) -> dict[int, float]:
+        """Per measured size, its estimate capped by every larger size's."""
+        if self._envelope is None:
+            capped, lowest = {}, float("inf")
+            for rows in sorted(self.seconds, reverse=True):
+                lowest = min(lowest, self.seconds[rows])
+                capped[rows] = lowest
+            self._envelope = capped
+        return self._envelope
 
     def __call__(self, rows: int) -> float:
-        known = self.seconds
+        known = self.envelope()
         if rows in known:
             return known[rows]
         below = max((n for n in known if n < rows), default=None)
@@ -137,7 +154,7 @@ class DraftLengthController:
 
     @forward_seconds.setter
     def forward_seconds(self, seconds: dict[int, float]) -> None:
-        self.costs.seconds = dict(seconds)
+        self.costs.seconds, self.costs._envelope = dict(seconds), None
 
     @property
     def acceptance(self) -> float:

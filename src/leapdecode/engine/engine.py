@@ -104,6 +104,7 @@ class Engine:
             scheduler, draft, make_drafter, sequence_options, layers, kv_tokens, whole_prompts=rows_alone(self.model)
         )
         self.executor = Executor(self.model, packed_weights, self.scheduler.prefix_cache)
+        self._seen_rows: set[int] = set()  # row counts stepped at least once (see step)
         self._ids = itertools.count()
         self._lock = threading.Lock()  # guards _cancels and _requests (touched by other threads)
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
@@ -273,13 +274,16 @@ class Engine:
                 for request in in_step:
                     self._fail(request, f"the step failed: {type(error).__name__}: {error}", outputs)
                 return outputs
-            # the whole step, drafting and verification included: what a draft row really costs at this load
+            # the whole step, drafting and verification included: what a draft row really costs at this load; but
+            # not the first step of a row count, which also prepares that count's kernels (a one-off)
             seconds = time.perf_counter() - start
             self.scheduler.note_peak()
-            self.scheduler.costs.record(len(plan.ids), seconds)
-            if plan.decode_only:
-                tokens = sum(len(a.new) for a in results if a.error is None)
-                self.scheduler.gate.record(len(plan.logits), plan.drafted > 0, tokens, seconds)
+            if len(plan.ids) in self._seen_rows:
+                self.scheduler.costs.record(len(plan.ids), seconds)
+                if plan.decode_only:
+                    tokens = sum(len(a.new) for a in results if a.error is None)
+                    self.scheduler.gate.record(len(plan.logits), plan.drafted > 0, tokens, seconds)
+            self._seen_rows.add(len(plan.ids))
             self.counters["steps"] += 1
             for accepted in results:
                 self._update(accepted, outputs)
