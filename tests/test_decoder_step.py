@@ -13,7 +13,7 @@ from conftest import tiny_model
 
 from leapdecode import kernels
 from leapdecode.forward import ModelForward
-from leapdecode.kernels import calibrate, decoder_step, native
+from leapdecode.kernels import calibrate, decoder_step, native, segment_attention
 from leapdecode.kv.slots import FlatBatch, Segment, SequenceKV
 from leapdecode.runner import Runner
 
@@ -67,7 +67,7 @@ def test_one_sequence_gets_the_bits_of_the_layer_by_layer_forward(arch, steps):
         steps.clear()
         with kernels.configured(step=step, **NATIVE):
             got[step] = decode(model, prompt, feeds, rollback_after=1)
-        assert steps == [False] + [step == "native"] * len(feeds)  # the prompt's rows always go layer by layer
+        assert steps == [step == "native"] * (1 + len(feeds))  # the prompt's rows too
     for a, b in zip(got["layers"][0], got["native"][0]):
         assert torch.equal(a, b)
     for a, b in zip(got["layers"][1], got["native"][1]):  # the keys/values it wrote, rollback included
@@ -107,7 +107,7 @@ def test_a_flat_batch_of_sequences_gets_the_bits_of_the_layer_by_layer_forward(a
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
-def test_steps_it_does_not_take_run_layer_by_layer(steps):
+def test_steps_it_does_not_take_run_layer_by_layer(steps, monkeypatch):
     model = tiny_model("llama", seed=33, vocab=97)
     prompt = list(range(3, 12))
     with kernels.configured(**NATIVE):
@@ -119,12 +119,13 @@ def test_steps_it_does_not_take_run_layer_by_layer(steps):
         assert True not in steps, settings
         if "step" in settings:  # F.linear and SDPA round differently from the native kernels
             assert all(torch.equal(a, b) for a, b in zip(logits, reference)), settings
-    with kernels.configured(**NATIVE):  # more new rows than the native attention takes: a prompt chunk
+    monkeypatch.setattr(segment_attention, "MAX_ROWS", 8)
+    steps.clear()
+    with kernels.configured(**NATIVE):  # more new rows than the native attention takes: a long prompt run
         runner = Runner(model)
         runner.prefill(prompt)
-        steps.clear()
-        runner.forward(list(range(40)))
-        assert steps == [False]
+        runner.forward(list(range(8)))
+        assert steps == [False, True]
 
 
 def test_without_a_compiler_steps_run_layer_by_layer_after_one_notice(monkeypatch, caplog):

@@ -71,15 +71,15 @@ def native():
 @pytest.mark.parametrize("d", [16, 64, 128, 48])
 def test_every_row_attends_its_own_sequence_alone(native, d, monkeypatch):
     """Sequences of many shapes in one call (a past that fills the buffer's spare rows, a long one, drafts up to the
-    cap) against the definition, beside rows that torch attends: prompts without a past (as HF's prefill does) and a
-    prompt chunk past the cap."""
+    cap, prompts without a past) against the definition, beside a prompt chunk past the cap, which torch attends."""
+    monkeypatch.setattr(segment_attention, "MAX_ROWS", 32)
     specs = [(0, 1), (7, 1), (0, 5), (63, 2), (300, 1), (45, segment_attention.MAX_ROWS), (20, 40), (129, 4)]
     q, k, v, pasts, segments = batch(specs, d)
     calls = []
     segment_attention_sdpa(monkeypatch, calls)
     out = FlatBatch(segments).attend(0, q, k, v, d**-0.5)
     check(out, q, k, v, pasts, segments, d**-0.5)
-    assert calls == [1, 5, 40]  # the prompts' first rows and the chunk past the cap
+    assert calls == [40]  # the chunk past the cap
 
 
 def segment_attention_sdpa(monkeypatch, calls):

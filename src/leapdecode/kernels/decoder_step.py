@@ -8,8 +8,8 @@ second one.
 
 It runs where every piece the layer-by-layer forward would take is native at that row count: every linear layer's
 calibrated path is the panel kernel, the elementwise kernels apply to the model, and every sequence of the step
-attends through the native attention kernel into its own KV buffers (decode and verification rows; prompt chunks and
-KV presses go layer by layer). Anything else, or `configure(step="layers")`, runs layer by layer.
+attends through the native attention kernel into its own KV buffers (decode, verification and prompt chunks up to
+segment_attention.MAX_ROWS rows; longer prompt runs and KV presses go layer by layer). Anything else, or `configure(step="layers")`, runs layer by layer.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class NativeStep:
         return entry[1]
 
     def _build(self, rows: int, mode):
-        if not mode or not self.uniform:
+        if not mode:
             return None
         addresses, alive = [], []
         for (qkv, out, gate_up, down), (norm_in, norm_post) in zip(self.modules, self.norms):
@@ -124,13 +124,15 @@ class NativeStep:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout) -> torch.Tensor | None:
         """x [1, n, C] (embeddings) -> the last layer's output [1, n, C], or None where the step must run layer by
         layer (nothing has been written then)."""
+        if not self.uniform or x.dtype != torch.float32:
+            return None
         lib = library()
-        if lib is None or x.dtype != torch.float32:
+        if lib is None:
             return None
         entry = self.table(x.shape[1])
         if entry is None:
             return None
-        step = layout.native_step_buffers()
+        step = layout.native_step_buffers(x.new_empty(self.kv_heads, 0, self.head_dim))
         if step is None:
             return None
         segments, buffers = array("q", step[0]), array("q", step[1])

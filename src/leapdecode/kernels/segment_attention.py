@@ -6,8 +6,8 @@ most of the attention time. The C kernel writes the new keys/values of all seque
 all their rows in one call, parallel over (sequence, query head) on torch's own OpenMP threads.
 
 A row is computed from its own keys alone, in the same order whatever else shares the call, so a drafted row that is
-verified gets the bits it would get in a one-row step. The kernel takes fp32 rows of segments with few new rows (decode
-and verification); prompt chunks keep torch's SDPA, which is faster on many rows. Keys and values kept in other
+verified gets the bits it would get in a one-row step. The kernel takes the fp32 rows of segments of up to MAX_ROWS new
+rows: decode, verification and prompt chunks (a single request's prompt too); longer runs keep torch's tiled SDPA. Keys and values kept in other
 layouts (a KV press's HF cache) are stored by their owner and attended by the kernel all the same, so a single
 request computes the same attention with a press as without.
 
@@ -24,7 +24,7 @@ import torch
 from .native import NativeLibrary, march_flags
 from .settings import _settings
 
-MAX_ROWS = 32  # segments with more new rows than this (prompt chunks) attend through SDPA, faster on many rows
+MAX_ROWS = 512  # segments with more new rows attend through SDPA: its tiles win on long runs (from ~1k rows here)
 
 
 def _enabled() -> bool:

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from ..attention import grouped_sdpa
 from ..compat import cache_arg
 from ..errors import LeapDecodeError, require
 from ..kernels.fused_decoder import existing_decoder
 from ..kernels.packed import kernels_on
+from .slots import CacheSlot, FlatBatch, Segment
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
@@ -143,11 +143,15 @@ def fused_layers(model):
 
 
 def cache_attention(cache: DynamicCache):
-    """The fused layers' attention callback over an HF cache: append the layer's new keys/values, attend causally."""
+    """The fused layers' attention callback over an HF cache: append the layer's new keys/values and attend causally,
+    through the same kernel as the Runner's forward without a press (kv.slots.FlatBatch over the cache), so that a
+    press keeping every entry keeps exactly the Runner's keys and values."""
 
     def attend(layer, query, key, value, scaling):
-        keys, values = cache.update(key, value, layer)
-        return grouped_sdpa(query, keys, values, None, scaling)
+        past = cache.get_seq_length(layer) if layer < len(cache.layers) else 0
+        batch = FlatBatch([Segment(CacheSlot(cache), 0, query.shape[2], past)])
+        batch.native_attention = kernels_on()
+        return batch.attend(layer, query, key, value, scaling)
 
     return attend
 

@@ -63,13 +63,13 @@ class SequenceKV:
             self._addresses = None
         self.length = need
 
-    def reserve_all(self, start: int, need: int) -> list[int]:
-        """`reserve` rows start .. need in every layer (all written already up to start); return per layer the
-        addresses of the key and value buffers and the distance between their heads in floats, for a native step
-        that writes the rows itself."""
+    def reserve_all(self, start: int, need: int, like: torch.Tensor) -> list[int]:
+        """`reserve` rows start .. need in every layer (all written already up to start; buffers typed like `like`);
+        return per layer the addresses of the key and value buffers and the distance between their heads in floats,
+        for a native step that writes the rows itself."""
         if need > self.capacity:
-            for layer, keys in enumerate(self.keys):
-                self.reserve(layer, start, need, keys[:, :1])
+            for layer in range(len(self.keys)):
+                self.reserve(layer, start, need, like)
         self.length = need
         if self._addresses is None:
             self._addresses = [
@@ -203,33 +203,33 @@ class FlatBatch:
             ].transpose(0, 1)
         return out.transpose(1, 2)
 
-    def native_step_buffers(self) -> tuple[list[int], list[int]] | None:
+    def native_step_buffers(self, like: torch.Tensor) -> tuple[list[int], list[int]] | None:
         """For a native decoder step (kernels.decoder_step), where every sequence's rows would attend through the
         native kernel into its own SequenceKV: (per sequence its first row, rows and past; per sequence and layer its
-        buffers, SequenceKV.reserve_all), the rows reserved in every layer. None, with nothing changed, otherwise."""
+        buffers, SequenceKV.reserve_all with `like` [kv_heads, 0, head_dim]), the rows reserved in every layer. None,
+        with nothing changed, otherwise."""
         if not self.native_attention or self.rows_alone:
             return None
-        if not all(type(s.kv) is SequenceKV and s.past and s.n <= segment_attention.MAX_ROWS for s in self.segments):
+        if not all(type(s.kv) is SequenceKV and s.n <= segment_attention.MAX_ROWS for s in self.segments):
             return None
         rows, buffers = [], []
         for s in self.segments:
             rows += (s.first_row, s.n, s.past)
-            buffers += s.kv.reserve_all(s.past, s.past + s.n)
+            buffers += s.kv.reserve_all(s.past, s.past + s.n, like)
         return rows, buffers
 
     def _native_plan(self, query):
         """How this step's rows attend: False (all in torch) or (the native kernel, its per-segment fields, the
         segments whose new rows it stores, those whose owner stores them, the rest, in torch). The kernel takes the
-        fp32 rows of sequences with a past and at most segment_attention.MAX_ROWS new rows (decode and verification),
-        of the head sizes it handles, unless rows attend alone; a prompt's first rows run torch's causal kernel, as
-        HF's prefill does."""
+        fp32 rows of sequences with at most segment_attention.MAX_ROWS new rows (decode, verification and prompt
+        chunks), of the head sizes it handles, unless rows attend alone; longer runs take torch's causal SDPA."""
         if not self.native_attention or self.rows_alone or query.dtype != torch.float32:
             return False
         if not segment_attention.takes_head_dim(query.shape[3]):
             return False
         few, rest = [], []
         for s in self.segments:
-            (few if s.past and s.n <= segment_attention.MAX_ROWS else rest).append(s)
+            (few if s.n <= segment_attention.MAX_ROWS else rest).append(s)
         lib = segment_attention.library() if few else None
         if lib is None:
             return False
