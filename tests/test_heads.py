@@ -107,7 +107,7 @@ def test_head_also_scores_the_requests_own_tokens(target):
         feature = torch.randn(64, generator=torch.Generator().manual_seed(seed))
         scores = full[allowed] @ feature
         picks.append(int(allowed[scores.argmax()]))
-        token, probability = drafter._top1(feature)
+        token, probability = drafter._top1(feature, head.logits(feature))
         assert int(token) == picks[-1]
         assert probability == pytest.approx(float(scores.softmax(-1).max()), rel=1e-4)
     assert set(picks) & {7, 9, 11, 13}, "no seed exercised a request token"
@@ -271,3 +271,56 @@ def test_cli_continues_training_a_head_on_given_answers(tmp_path):
     head = load_head(tmp_path / "out")
     assert torch.equal(head.vocab_ids, start.vocab_ids) and head.meta["summary"]["answers"] == 6
     assert head.meta["summary"]["vocab"] == len(start.vocab_ids)  # what the head has, not the --vocab setting
+
+
+def rule(drafter, context, k):
+    """The head drafter's rule, step by step: copy what the lookup finds, roll the feature through the copied tokens,
+    then draft the head's top-1 token while the path's probability stays above the confidence (at least one)."""
+    from leapdecode.kernels import packed_kernels
+
+    if k == 0 or drafter.feature is None:
+        return []
+    tokens = list(drafter.lookup.propose(context, k).tokens)
+    feature, token = drafter.feature, torch.tensor(context[-1])
+    with torch.inference_mode(), packed_kernels(True):
+        for copied in tokens[:k]:
+            feature, token = drafter.head.step(feature, token), torch.tensor(copied)
+        probability = 1.0
+        while len(tokens) < k:
+            feature = drafter.head.step(feature, token)
+            token, p = drafter._top1(feature, drafter.head.logits(feature))
+            probability *= p
+            if probability < drafter.confidence and tokens:
+                break
+            tokens.append(int(token))
+    return tokens[:k]
+
+
+def test_drafts_made_together_equal_drafts_made_alone(target):
+    """The engine drafts all sequences of a head in one batch (HeadDrafter.propose_many): each gets the draft it
+    would get alone, whatever its lookup copied, its k, its own extra tokens or where its confidence stops it."""
+    from leapdecode import kernels
+    from leapdecode.drafters.head import HeadDrafter
+
+    head, _ = tiny_head(target, trained=True)
+    gen = torch.Generator().manual_seed(3)
+    drafters, contexts = [], []
+    for i in range(6):
+        drafter = HeadDrafter(head, confidence=0.1 if i % 2 else 0.0)
+        context = torch.randint(0, 96, (12 + i,), generator=gen).tolist()
+        if i == 3:
+            context += context[4:7] * 2  # a repeat: the lookup copies what followed it
+        drafter.start(context, None)
+        drafter.see_hidden(torch.randn(64, generator=gen) * 3)
+        drafters.append(drafter)
+        contexts.append(context)
+    drafters[4].see_hidden(None)  # no feature: no draft
+    ks = [1, 4, 6, 12, 3, 0]
+    with kernels.configured(linear="native"):  # a row's bits independent of the batch (the panel kernel)
+        together = HeadDrafter.propose_many(drafters, contexts, ks)
+        alone = [d.propose(c, k) for d, c, k in zip(drafters, contexts, ks)]
+        by_rule = [rule(d, c, k) for d, c, k in zip(drafters, contexts, ks)]
+    assert [d.tokens for d in together] == [d.tokens for d in alone] == by_rule
+    assert [len(d.tokens) for d in together][4:] == [0, 0] and all(len(d.tokens) <= k for d, k in zip(together, ks))
+    assert any(0 < len(d.tokens) < k for d, k in zip(together, ks))  # a confidence stop was exercised
+    assert len(drafters[3].lookup.propose(contexts[3], ks[3]).tokens) > 1  # the head rolled through copied tokens

@@ -133,9 +133,12 @@ class SequenceState:
         k = min(k, self.room)
         t = time.perf_counter()
         draft = self.drafter.propose(self.context, k) if k > 0 else EMPTY
+        return self._take(draft, k, time.perf_counter() - t)
+
+    def _take(self, draft: Draft, k: int, seconds: float) -> list[int]:
         self.draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
-        self.draft_seconds = time.perf_counter() - t
-        self.stats.draft_time += self.draft_seconds
+        self.draft_seconds = seconds
+        self.stats.draft_time += seconds
         return [self.context[-1]] + self.draft.tokens
 
     def finish(self, reason: str = "") -> GenerationStats:
@@ -158,6 +161,26 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[To
     else:
         tops = [()] * len(tokens)
     return [TokenLogprobs(t, lp, alt) for t, lp, alt in zip(tokens, chosen, tops)]
+
+
+def propose_together(seqs: list[SequenceState], ks: list[int]) -> list[list[int]]:
+    """`propose` for several sequences (the engine's step): the drafters of one class draft in one call
+    (Drafter.propose_many: a draft head steps all its sequences as one batch); each is charged an even share of that
+    call's time."""
+    ks = [min(k, s.room) for s, k in zip(seqs, ks)]
+    rows: list[list[int]] = [[]] * len(seqs)
+    classes: dict[type, list[int]] = {}
+    for i, s in enumerate(seqs):
+        classes.setdefault(type(s.drafter), []).append(i)
+    for cls, members in classes.items():
+        t = time.perf_counter()
+        drafts = cls.propose_many(
+            [seqs[i].drafter for i in members], [seqs[i].context for i in members], [ks[i] for i in members]
+        )
+        seconds = (time.perf_counter() - t) / len(members)
+        for i, draft in zip(members, drafts):
+            rows[i] = seqs[i]._take(draft, ks[i], seconds)
+    return rows
 
 
 def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, done: int) -> list[int]:

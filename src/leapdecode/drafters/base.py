@@ -36,6 +36,12 @@ class Drafter:
     def propose(self, context: list[int], k: int) -> Draft:
         raise NotImplementedError
 
+    @classmethod
+    def propose_many(cls, drafters: list["Drafter"], contexts: list[list[int]], ks: list[int]) -> list[Draft]:
+        """Drafts of several sequences at once (the engine's step), each drafter of this class: one by one here; a
+        drafter whose work batches across sequences (a draft head) does it in one pass."""
+        return [d.propose(c, k) if k > 0 else EMPTY for d, c, k in zip(drafters, contexts, ks)]
+
     def observe(self, context: list[int], n_new: int) -> None:
         """Called after every step; the last n_new tokens of context are new (accepted + the target's token)."""
 

@@ -55,30 +55,63 @@ class HeadDrafter(Drafter):
             self.extra_ids += new
             self.extra_weight = torch.cat([self.extra_weight, self.head.rows(new)])
 
-    @torch.inference_mode()
     def propose(self, context: list[int], k: int) -> Draft:
-        if self.feature is None:  # e.g. a KV press prefill that bypassed the final norm
-            return EMPTY
-        tokens = list(self.lookup.propose(context, k).tokens) if self.lookup else []  # a copy: EMPTY is shared
-        if len(tokens) == k:
-            return Draft(tokens)
-        feature, token = self.feature, torch.tensor(context[-1])
-        with packed_kernels(True):
-            for copied in tokens:  # roll the feature through the copied tokens
-                feature, token = self.head.step(feature, token), torch.tensor(copied)
-            path_probability = 1.0
-            while len(tokens) < k:
-                feature = self.head.step(feature, token)
-                token, probability = self._top1(feature)
-                path_probability *= probability
-                if path_probability < self.confidence and tokens:
-                    break
-                tokens.append(int(token))
-        return Draft(tokens)
+        return self.propose_many([self], [context], [k])[0]
 
-    def _top1(self, feature: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """The most likely token among those the head scores, and its probability among them."""
-        scores = self.head.logits(feature)
+    @classmethod
+    @torch.inference_mode()
+    def propose_many(cls, drafters: list[HeadDrafter], contexts: list[list[int]], ks: list[int]) -> list[Draft]:
+        """Each sequence's draft as `propose` makes it alone, the head's steps of all sequences sharing a head run as
+        one batch (its weights read once per step, not once per sequence)."""
+        drafts: list[Draft] = [EMPTY] * len(drafters)
+        rolling = []  # per sequence still drafting: [index, feature, next token, tokens still to feed, tokens, p]
+        for i, (drafter, context, k) in enumerate(zip(drafters, contexts, ks)):
+            if k <= 0 or drafter.feature is None:  # e.g. a KV press prefill that bypassed the final norm
+                continue
+            copied = (
+                list(drafter.lookup.propose(context, k).tokens) if drafter.lookup else []
+            )  # a copy: EMPTY is shared
+            drafts[i] = Draft(copied)
+            if len(copied) < k:
+                rolling.append([i, drafter.feature, context[-1], copied, list(copied), 1.0])
+        for head in {id(drafters[r[0]].head): drafters[r[0]].head for r in rolling}.values():
+            cls._roll(head, drafters, ks, drafts, [r for r in rolling if drafters[r[0]].head is head])
+        return drafts
+
+    @staticmethod
+    def _roll(head, drafters, ks, drafts, rolling) -> None:
+        """Step the features of sequences sharing `head` together: first through their copied tokens, then one
+        drafted token at a time, each sequence stopping at its k or its confidence threshold."""
+        with packed_kernels(True):
+            while rolling:
+                features = head.step(
+                    torch.stack([r[1] for r in rolling]), torch.tensor([r[2] for r in rolling], dtype=torch.long)
+                )
+                drafting = [row for row, r in enumerate(rolling) if not r[3]]
+                scores = dict(zip(drafting, head.logits(features[drafting])))  # the shared vocabulary's rows read once
+                going = []
+                for row, r in enumerate(rolling):
+                    r[1] = features[row]
+                    if r[3]:  # rolled through one copied token
+                        r[2] = r[3].pop(0)
+                        going.append(r)
+                        continue
+                    drafter = drafters[r[0]]
+                    token, probability = drafter._top1(r[1], scores[row])
+                    r[5] *= probability
+                    if r[5] < drafter.confidence and r[4]:
+                        continue
+                    r[4].append(int(token))
+                    r[2] = int(token)
+                    if len(r[4]) < ks[r[0]]:
+                        going.append(r)
+                for r in rolling:
+                    drafts[r[0]] = Draft(r[4])
+                rolling = going
+
+    def _top1(self, feature: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The most likely token among those the head scores (`scores`: its logits over the head's vocabulary; the
+        request's own extra tokens are scored here), and its probability among them."""
         if self.extra_ids:
             scores = torch.cat([scores, self.extra_weight @ feature.to(self.extra_weight.dtype)])
         probability, best = scores.float().softmax(-1).max(-1)

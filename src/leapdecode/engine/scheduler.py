@@ -21,7 +21,7 @@ from ..errors import require
 from ..kv.prefix_cache import PrefixCache
 from ..kv.slots import Segment, SequenceKV, room_for
 from ..params import DraftConfig
-from ..sequence import SequenceState
+from ..sequence import SequenceState, propose_together
 from .gate import SpeculationGate
 from .request import Acceptance, Request
 
@@ -227,9 +227,13 @@ class Scheduler:
                 (r, "it needs more KV memory than the engine's KV budget (kv_cache_bytes)") for r in self.running
             ]
             return plan
-        for request, k in zip(decoding, draft_lengths):
+        try:  # drafters of one class draft together (a draft head: one batch for all its sequences)
+            proposed = propose_together([r.seq for r in decoding], draft_lengths)
+        except Exception:  # noqa: BLE001 - someone's drafter failed: each drafts alone, so the fault is found
+            proposed = None
+        for i, (request, k) in enumerate(zip(decoding, draft_lengths)):
             try:
-                tokens = request.seq.propose(k)
+                tokens = proposed[i] if proposed is not None else request.seq.propose(k)
             except Exception as error:  # a drafter's fault is its request's alone: it leaves, the step goes on
                 plan.failed.append((request, f"the drafter failed: {type(error).__name__}: {error}"))
                 continue
