@@ -57,6 +57,21 @@ def noisy_copy(model: torch.nn.Module, seed: int, noise: float) -> torch.nn.Modu
     return draft.eval()
 
 
+@pytest.fixture
+def private_calibration(tmp_path, monkeypatch):
+    """Kernel calibrations into a cache dir of the test's own, from an empty memory, as on a quiet machine (the kernel
+    tests use it for every test)."""
+    from leapdecode import kernels
+    from leapdecode.kernels import calibrate, ops
+
+    monkeypatch.setattr(calibrate, "_quiet", lambda: True)
+    calibrate.forget()
+    with kernels.configured(cache_dir=str(tmp_path)):
+        yield tmp_path
+    calibrate.forget()
+    ops.forget_checks()
+
+
 @pytest.fixture(autouse=True)
 def one_thread_for_tiny_models(request):
     """Tiny matrices run fastest on one thread (several threads on a busy machine are far slower); tests of real

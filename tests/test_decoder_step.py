@@ -13,7 +13,7 @@ from conftest import tiny_model
 
 from leapdecode import kernels
 from leapdecode.forward import ModelForward
-from leapdecode.kernels import calibrate, decoder_step, native, segment_attention
+from leapdecode.kernels import decoder_step, native, segment_attention
 from leapdecode.kv.slots import FlatBatch, Segment, SequenceKV
 from leapdecode.runner import Runner
 
@@ -21,12 +21,8 @@ NATIVE = dict(linear="native", attention="native", elementwise="native", argmax_
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(calibrate, "_quiet", lambda: True)
-    calibrate.forget()
-    with kernels.configured(cache_dir=str(tmp_path)):
-        yield
-    calibrate.forget()
+def private_cache(private_calibration):
+    return private_calibration
 
 
 @pytest.fixture

@@ -19,14 +19,8 @@ from leapdecode.runner import Runner
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """Each test calibrates into its own cache dir, from an empty memory, as on a quiet machine."""
-    monkeypatch.setattr(calibrate, "_quiet", lambda: True)
-    calibrate.forget()
-    with kernels.configured(cache_dir=str(tmp_path)):
-        yield tmp_path
-    calibrate.forget()
-    ops.forget_checks()
+def private_cache(private_calibration):
+    return private_calibration
 
 
 def _greedy(runner: Runner, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:

@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_model
 
 from leapdecode import kernels
-from leapdecode.kernels import calibrate, decoder_ops, native, native_linear
+from leapdecode.kernels import decoder_ops, native, native_linear
 from leapdecode.kernels.native_linear import Panels
 from leapdecode.runner import Runner
 
@@ -26,12 +26,8 @@ def lib():
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(calibrate, "_quiet", lambda: True)
-    calibrate.forget()
-    with kernels.configured(cache_dir=str(tmp_path)):
-        yield
-    calibrate.forget()
+def private_cache(private_calibration):
+    return private_calibration
 
 
 @pytest.mark.parametrize("out_features,in_features", [(5, 3), (33, 64), (96, 40), (250, 129), (512, 576)])

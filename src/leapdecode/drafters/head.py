@@ -13,6 +13,8 @@ and no KV cache, so a rejected draft leaves nothing to undo.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..errors import require
@@ -64,50 +66,18 @@ class HeadDrafter(Drafter):
         """Each sequence's draft as `propose` makes it alone, the head's steps of all sequences sharing a head run as
         one batch (its weights read once per step, not once per sequence)."""
         drafts: list[Draft] = [EMPTY] * len(drafters)
-        rolling = []  # per sequence still drafting: [index, feature, next token, tokens still to feed, tokens, p]
+        rolling = []
         for i, (drafter, context, k) in enumerate(zip(drafters, contexts, ks)):
             if k <= 0 or drafter.feature is None:  # e.g. a KV press prefill that bypassed the final norm
                 continue
-            copied = (
-                list(drafter.lookup.propose(context, k).tokens) if drafter.lookup else []
-            )  # a copy: EMPTY is shared
+            # a copy: EMPTY is shared
+            copied = list(drafter.lookup.propose(context, k).tokens) if drafter.lookup else []
             drafts[i] = Draft(copied)
             if len(copied) < k:
-                rolling.append([i, drafter.feature, context[-1], copied, list(copied), 1.0])
-        for head in {id(drafters[r[0]].head): drafters[r[0]].head for r in rolling}.values():
-            cls._roll(head, drafters, ks, drafts, [r for r in rolling if drafters[r[0]].head is head])
+                rolling.append(_Rolling(i, drafter, k, drafter.feature, context[-1], list(copied), copied))
+        for head in {id(r.drafter.head): r.drafter.head for r in rolling}.values():
+            _roll(head, [r for r in rolling if r.drafter.head is head], drafts)
         return drafts
-
-    @staticmethod
-    def _roll(head, drafters, ks, drafts, rolling) -> None:
-        """Step the features of sequences sharing `head` together: first through their copied tokens, then one
-        drafted token at a time, each sequence stopping at its k or its confidence threshold."""
-        with packed_kernels(True):
-            while rolling:
-                features = head.step(
-                    torch.stack([r[1] for r in rolling]), torch.tensor([r[2] for r in rolling], dtype=torch.long)
-                )
-                drafting = [row for row, r in enumerate(rolling) if not r[3]]
-                scores = dict(zip(drafting, head.logits(features[drafting])))  # the shared vocabulary's rows read once
-                going = []
-                for row, r in enumerate(rolling):
-                    r[1] = features[row]
-                    if r[3]:  # rolled through one copied token
-                        r[2] = r[3].pop(0)
-                        going.append(r)
-                        continue
-                    drafter = drafters[r[0]]
-                    token, probability = drafter._top1(r[1], scores[row])
-                    r[5] *= probability
-                    if r[5] < drafter.confidence and r[4]:
-                        continue
-                    r[4].append(int(token))
-                    r[2] = int(token)
-                    if len(r[4]) < ks[r[0]]:
-                        going.append(r)
-                for r in rolling:
-                    drafts[r[0]] = Draft(r[4])
-                rolling = going
 
     def _top1(self, feature: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, float]:
         """The most likely token among those the head scores (`scores`: its logits over the head's vocabulary; the
@@ -118,3 +88,48 @@ class HeadDrafter(Drafter):
         n = len(self.head.vocab_ids)
         token = self.head.vocab_ids[best] if best < n else torch.tensor(self.extra_ids[int(best) - n])
         return token, float(probability)
+
+
+@dataclass
+class _Rolling:
+    """One sequence's draft in the making: the feature and the token the head steps next, the copied tokens still to
+    feed, the tokens so far and the path's probability."""
+
+    index: int
+    drafter: HeadDrafter
+    k: int
+    feature: torch.Tensor
+    token: int
+    to_feed: list[int]
+    tokens: list[int]
+    probability: float = 1.0
+
+
+def _roll(head, rolling: list[_Rolling], drafts: list[Draft]) -> None:
+    """Step the features of sequences sharing `head` together: first through their copied tokens, then one drafted
+    token at a time, each sequence stopping at its k or its confidence threshold."""
+    with packed_kernels(True):
+        while rolling:
+            features = head.step(
+                torch.stack([r.feature for r in rolling]), torch.tensor([r.token for r in rolling], dtype=torch.long)
+            )
+            drafting = [row for row, r in enumerate(rolling) if not r.to_feed]
+            scores = dict(zip(drafting, head.logits(features[drafting])))  # the shared vocabulary's rows read once
+            going = []
+            for row, r in enumerate(rolling):
+                r.feature = features[row]
+                if r.to_feed:  # rolled through one copied token
+                    r.token = r.to_feed.pop(0)
+                    going.append(r)
+                    continue
+                token, probability = r.drafter._top1(r.feature, scores[row])
+                r.probability *= probability
+                if r.probability < r.drafter.confidence and r.tokens:
+                    continue
+                r.token = int(token)
+                r.tokens.append(r.token)
+                if len(r.tokens) < r.k:
+                    going.append(r)
+            for r in rolling:
+                drafts[r.index] = Draft(r.tokens)
+            rolling = going

@@ -1,4 +1,5 @@
-"""A fused decoder's whole decode or verification step through every layer in one native call (csrc/decoder_step.c).
+"""A fused decoder's whole step (decode, verification, prompt chunks) through every layer in one native call
+(csrc/decoder_step.c).
 
 Why: with the linear layers, norms, rotary embedding and attention each in C, what is left of a decode step's cost
 beyond reading the weights is the plumbing between them: a Python call, a ctypes call and a few tensor allocations for
@@ -8,8 +9,9 @@ second one.
 
 It runs where every piece the layer-by-layer forward would take is native at that row count: every linear layer's
 calibrated path is the panel kernel, the elementwise kernels apply to the model, and every sequence of the step
-attends through the native attention kernel into its own KV buffers (decode, verification and prompt chunks up to
-segment_attention.MAX_ROWS rows; longer prompt runs and KV presses go layer by layer). Anything else, or `configure(step="layers")`, runs layer by layer.
+attends through the native attention kernel into its own KV buffers (up to segment_attention.MAX_ROWS new rows a
+sequence). Anything else (longer prompt runs, a KV press's cache, q4 weights), or `configure(step="layers")`, runs
+layer by layer.
 """
 
 from __future__ import annotations
@@ -39,12 +41,8 @@ _library = NativeLibrary(
 )
 
 
-def library() -> ctypes.CDLL | None:
-    return _library.get()
-
-
-def forget() -> None:
-    _library.forget()
+library = _library.get  # the compiled step, built on first use; None (after a one-line notice) where it cannot be
+forget = _library.forget  # check and load again on next use (tests)
 
 
 def describe() -> str:
@@ -56,8 +54,8 @@ def describe() -> str:
 
 
 class NativeStep:
-    """The addresses the native step reads, per row count, for one FusedDecoder; rebuilt when the linear layers'
-    routes or any weight change."""
+    """The addresses the native step reads, per row count, for one FusedDecoder; dropped and rebuilt when the
+    kernel settings or any weight change (so that replaced weights are not kept alive)."""
 
     def __init__(self, decoder):
         self.decoder = decoder
@@ -84,7 +82,8 @@ class NativeStep:
             and len(set(decoder.splits)) == 1
             and segment_attention.takes_head_dim(self.head_dim)
         )
-        self._tables: dict = {}
+        self._tables: dict = {}  # rows -> (addresses, what they point into) or None, for self._key
+        self._key = None
         self._parameters = [m._parameters for group in self.modules + self.norms for m in group]
 
     def _fingerprint(self) -> tuple:
@@ -94,12 +93,12 @@ class NativeStep:
         """The per-layer addresses (ctypes array) for a step of `rows` rows, or None where some linear layer does not
         take the panel kernel at that row count."""
         mode = packed._mode.get()
-        key = (packed._epoch[0], mode, rows)
-        fingerprint = self._fingerprint()
-        entry = self._tables.get(key)
-        if entry is None or entry[0] != fingerprint:
-            entry = self._tables[key] = (fingerprint, self._build(rows, mode))
-        return entry[1]
+        key = (packed._epoch[0], mode, self._fingerprint())
+        if key != self._key:
+            self._tables, self._key = {}, key
+        if rows not in self._tables:
+            self._tables[rows] = self._build(rows, mode)
+        return self._tables[rows]
 
     def _build(self, rows: int, mode):
         if not mode:

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from ..host import other_load, oversubscribed  # noqa: F401 - the lab reads them from here too
-from ..kernels import decoder_ops, native_linear, segment_attention
+from ..kernels import decoder_ops, decoder_step, native_linear, segment_attention
 
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")  # the flags that decide which CPU kernels torch can use
 
@@ -79,6 +79,7 @@ def environment(threads: int | None = None) -> dict:
         "attention": segment_attention.describe(),
         "linear layers": native_linear.describe(),
         "norms, rotary, activation": decoder_ops.describe(),
+        "decoder step": decoder_step.describe(),
         "versions": versions(),
         "command": command(),
     }
