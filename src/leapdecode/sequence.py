@@ -20,7 +20,7 @@ from .controller import DraftLengthController
 from .drafters.base import EMPTY, Draft, Drafter
 from .sampling import SamplingConfig, generator_at, probabilities
 from .stats import GenerationStats
-from .verify import greedy_accept, speculative_accept
+from .verify import greedy_accept, greedy_accept_ids, speculative_accept
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,19 @@ class SequenceState:
         hidden: torch.Tensor | None = None,
         forward_tokens: int = 0,
         forward_seconds: float = 0.0,
+        argmax: list[int] | None = None,
     ) -> tuple[list[int], int]:
         """Take the target's logits [len(draft) + 1, V] for [last token + draft]; return (new tokens, number of
         drafted positions to roll back). `hidden`: the final-norm features of those rows (draft heads read them).
-        The forward's size and time feed the controller when one sequence owns the whole forward."""
+        The forward's size and time feed the controller when one sequence owns the whole forward. `argmax`: the
+        logits' argmax per row, where the caller took it for many sequences at once (greedy only)."""
         draft = self.draft
         raw = logits
         logits = _suppress(logits, self.stop_ids, self.min_tokens - len(self.out))
-        new = _verify(draft, logits, self.sampling, len(self.out))
+        if argmax is not None and self.sampling.greedy and logits is raw:  # nothing suppressed: that argmax holds
+            new = greedy_accept_ids(draft.tokens, argmax)
+        else:
+            new = _verify(draft, logits, self.sampling, len(self.out))
         accepted = len(new) - 1
         self.controller.update(len(draft.tokens), accepted, forward_tokens, forward_seconds, self.draft_seconds)
         new = _truncate(new, self.stop_ids, self.max_new_tokens - len(self.out))

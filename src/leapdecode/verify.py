@@ -16,10 +16,16 @@ def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> list[int]
     draft: [k] token ids; target_logits: [k+1, V] logits at the positions that predict draft[0..k-1] and the next one.
     The result is exactly what k+1 steps of plain greedy decoding would emit.
     """
-    target = target_logits.argmax(-1)
-    k = draft.shape[0]
-    n = int((draft == target[:k]).cumprod(0).sum()) if k else 0
-    return target[: n + 1].tolist()
+    return greedy_accept_ids(draft.tolist(), target_logits.argmax(-1).tolist())
+
+
+def greedy_accept_ids(draft: list[int], target: list[int]) -> list[int]:
+    """greedy_accept on the target's argmax ids (target[i]: the argmax of row i), for callers that take the argmax of
+    many sequences' rows in one call (the engine's step)."""
+    n = 0
+    while n < len(draft) and draft[n] == target[n]:
+        n += 1
+    return target[: n + 1]
 
 
 def speculative_accept(

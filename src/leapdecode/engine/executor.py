@@ -48,6 +48,7 @@ class Executor:
         )
         results, at = [], 0
         finite = torch.isfinite(logits).all(dim=-1).tolist()
+        top = logits.argmax(-1).tolist() if plan.greedy else None  # every greedy sequence's rows in one call
         for entry in plan.logits:
             request, rows = entry.request, slice(at, at + entry.rows)
             at += entry.rows
@@ -58,7 +59,9 @@ class Executor:
             if entry.read_to_end:
                 self.prefix_cache.insert(request.prompt_ids, request.kv)
             try:  # verification, sampling and the drafter's observe: a failure here is this request's alone
-                new, rejected = request.seq.accept(logits[rows], None if hidden is None else hidden[rows])
+                new, rejected = request.seq.accept(
+                    logits[rows], None if hidden is None else hidden[rows], argmax=None if top is None else top[rows]
+                )
             except Exception as error:
                 results.append(Accepted(request, [], drafted, drafted, f"{type(error).__name__}: {error}"))
                 continue
