@@ -12,9 +12,11 @@
 - `decoder_ops`: the fused decoder's RMSNorm, rotary embedding and SiLU in one native call each
   (`configure(elementwise="torch")` keeps torch's operations).
 - `native` builds these C kernels (csrc/) once per host; `settings` holds the process's choices and the cache dir.
-- `segment_attention` attends the decode and verification rows of every sequence of a flat batch in one native call
-  per layer (a small C kernel built once per host; torch's SDPA per sequence where it cannot be built, or with
-  `configure(attention="sdpa")` / LEAPDECODE_ATTENTION=sdpa).
+- `segment_attention` attends the rows of every sequence of a flat batch (decode, verification, prompt chunks up to
+  512 rows) in one native call per layer (a small C kernel built once per host; torch's SDPA per sequence where it
+  cannot be built, or with `configure(attention="sdpa")` / LEAPDECODE_ATTENTION=sdpa).
+- `decoder_step` runs a fused decoder's whole step through every layer in one native call where all the kernels
+  above apply (the same C functions in the same order: the same bits; `configure(step="layers")` turns it off).
 - `ops` checks the private `torch.ops.mkldnn` ops once: where they are missing or fail, `F.linear` is used with a
   one-line notice.
 bf16 packed results equal `F.linear`'s bit for bit; fp32 ones differ in rounding (~1e-6 relative), like any two GEMMs.
