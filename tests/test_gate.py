@@ -167,3 +167,17 @@ def test_the_engine_stops_drafting_where_drafts_cost_throughput(tmp_path):
     plain = sum(n for (_, on), n in gate.samples.items() if not on)
     # drafts were tried (the planner's cost model soon prices them out too), then plain steps once they were seen to lose
     assert 0 < drafted < plain / 3
+
+
+def test_a_new_level_follows_its_measured_neighbour_instead_of_paying_its_own_start_up():
+    """Drafts lose at 8-15 sequences (measured): at 16, never seen before, the gate runs plain steps from the first
+    one, then explores in bursts as usual and goes by its own samples once it has them."""
+    gate = SpeculationGate()
+    feed(gate, 8, on_rate=10, off_rate=20, steps=2 * MIN_SAMPLES)
+    assert gate.lead(SpeculationGate.level(8)) is False and gate.lead(SpeculationGate.level(16)) is False
+    assert gate.lead(SpeculationGate.level(64)) is None  # two levels away: not a neighbour
+    choices = feed(gate, 16, on_rate=30, off_rate=20, steps=EXPLORE_EVERY + 3 * EXPLORE_STEPS)
+    assert choices[: EXPLORE_EVERY - 1] == [False] * (EXPLORE_EVERY - 1)  # no drafted start-up samples
+    later = feed(gate, 16, on_rate=30, off_rate=20, steps=4 * EXPLORE_EVERY)
+    assert gate.measured(SpeculationGate.level(16)) and gate.lead(SpeculationGate.level(16)) is True
+    assert sum(later[-EXPLORE_EVERY:]) > 0.7 * EXPLORE_EVERY  # its own samples now: drafts lead there

@@ -6,7 +6,8 @@ each sequence's acceptance estimate. Models miss things (a drafter's own cost as
 from the estimate, steps whose cost depends on more than their row count), and then drafting costs throughput. The
 gate keeps, per load level (how many sequences decode: 1, 2-3, 4-7, 8-15, ...) and per arm (drafts allowed or not),
 the tokens and the seconds that decode-only steps delivered, each a decayed sum, and lets the planner draft only where
-drafts have delivered more tokens per second. Until both arms have MIN_SAMPLES steps at a level, it alternates them.
+drafts have delivered more tokens per second. Until both arms have MIN_SAMPLES steps at a level, it follows a
+neighbouring level that has them, or else alternates the arms.
 
 A single step is a noisy sample (a drafted step yields one token or several), so the rate is a ratio of sums, not a
 mean of per-step rates, and the arm behind is explored in bursts of EXPLORE_STEPS steps, never judged on one. It keeps
@@ -43,16 +44,27 @@ class SpeculationGate:
         key = (level, drafted)
         return self.tokens[key] / self.seconds[key]
 
+    def measured(self, level: int) -> bool:
+        return all(self.samples.get((level, arm), 0) >= MIN_SAMPLES for arm in (True, False))
+
+    def lead(self, level: int) -> bool | None:
+        """Whether drafting leads at `level`: by its own samples once both arms have MIN_SAMPLES there; before that,
+        by a neighbouring level's (loads next to each other behave alike, and each level's start-up samples of the
+        losing arm are a price a short run notices); None where neither is known."""
+        for near in (level, level - 1, level + 1):
+            if self.measured(near):
+                return self.rate(near, True) >= self.rate(near, False)
+        return None
+
     def allow(self, decoding: int) -> bool:
         """Whether the planner may draft in a decode-only step of `decoding` sequences."""
         level = self.level(decoding)
-        on, off = self.samples.get((level, True), 0), self.samples.get((level, False), 0)
-        if on < MIN_SAMPLES or off < MIN_SAMPLES:
-            return on <= off  # measure both arms, drafting first
+        ahead = self.lead(level)
+        if ahead is None:  # measure both arms, drafting first
+            return self.samples.get((level, True), 0) <= self.samples.get((level, False), 0)
         if self.burst.get(level, 0) > 0:  # exploring: the arm that was behind when the burst began
             self.burst[level] -= 1
             return not self.leader[level]
-        ahead = self.rate(level, True) >= self.rate(level, False)
         waited = self.waited.get(level, 0) + 1
         every = self.every.get(level, EXPLORE_EVERY)
         if waited < every:
