@@ -41,7 +41,9 @@ def engine(target, draft, drafter="none", **options):
 
 @functools.lru_cache(maxsize=None)
 def _solo(model_id, prompt: tuple, max_new_tokens: int) -> list[int]:
-    return generate(_TARGETS[model_id], list(prompt), drafter="none", max_new_tokens=max_new_tokens).token_ids
+    return generate(
+        _TARGETS[model_id], list(prompt), drafter="none", max_new_tokens=max_new_tokens, prefix_cache=False
+    ).token_ids
 
 
 _TARGETS: dict = {}

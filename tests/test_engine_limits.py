@@ -21,7 +21,7 @@ def target(tmp_path_factory):
 
 
 def solo(target, prompt, max_new_tokens, **options):
-    return generate(target, prompt, max_new_tokens=max_new_tokens, **options).token_ids
+    return generate(target, prompt, max_new_tokens=max_new_tokens, prefix_cache=False, **options).token_ids
 
 
 def collect(engine, prompts, max_new_tokens=40, **options):

@@ -324,3 +324,85 @@ def test_drafts_made_together_equal_drafts_made_alone(target):
     assert [len(d.tokens) for d in together][4:] == [0, 0] and all(len(d.tokens) <= k for d, k in zip(together, ks))
     assert any(0 < len(d.tokens) < k for d, k in zip(together, ks))  # a confidence stop was exercised
     assert len(drafters[3].lookup.propose(contexts[3], ks[3]).tokens) > 1  # the head rolled through copied tokens
+
+
+def test_int8_products_follow_fp32_and_work_row_by_row():
+    """heads.precision.Int8Linear: within int8 weight and bf16 input rounding of the fp32 product, and each row's
+    result the same whatever other rows share the call (batched drafting gives each sequence its own draft)."""
+    from leapdecode.heads.precision import Int8Linear, int8_available
+
+    if not int8_available():
+        pytest.skip("this torch has no weight-only int8 product")
+    gen = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(96, 64, generator=gen), torch.randn(7, 64, generator=gen)
+    layer = Int8Linear(weight)
+    exact, got = x @ weight.T, layer(x)
+    bound = (x.abs() @ weight.abs().T) * (2.0**-8 + 1 / 254) * 1.05  # bf16 input rounding + half a quantum per weight
+    assert got.dtype == torch.float32 and bool(((got - exact).abs() <= bound).all())
+    assert bool(((got - exact).abs() > 0).any())  # it is not the fp32 product in disguise
+    assert all(torch.equal(layer(x[i : i + 1])[0], got[i]) for i in range(len(x)))
+
+
+def test_int8_head_drafts_together_as_alone_and_agrees_with_fp32(target):
+    """The int8 copy of a trained head: batched drafts equal drafts made alone (the engine's case) and its tokens
+    mostly agree with the fp32 head's; the fp32 head is left as it was."""
+    from leapdecode.drafters.head import HeadDrafter
+    from leapdecode.heads.precision import int8_available, int8_head
+
+    if not int8_available():
+        pytest.skip("this torch has no weight-only int8 product")
+    head, _ = tiny_head(target, trained=True)
+    quantized = int8_head(head)
+    assert head.out_linear is None and type(head.fuse) is torch.nn.Linear and quantized.out_linear is not None
+    gen = torch.Generator().manual_seed(4)
+    contexts = [torch.randint(0, 96, (10 + i,), generator=gen).tolist() for i in range(5)]
+    features = [torch.randn(64, generator=gen) * 3 for _ in contexts]
+    drafts = {}
+    for name, h in (("fp32", head), ("int8", quantized)):
+        drafters = []
+        for context, feature in zip(contexts, features):
+            drafter = HeadDrafter(h, lookup_ngram=0, confidence=0.0)
+            drafter.start(context, None)
+            drafter.see_hidden(feature)
+            drafters.append(drafter)
+        together = HeadDrafter.propose_many(drafters, contexts, [4] * len(contexts))
+        alone = [d.propose(c, 4) for d, c in zip(drafters, contexts)]
+        assert [d.tokens for d in together] == [d.tokens for d in alone]
+        drafts[name] = [t for d in together for t in d.tokens]
+    same = sum(a == b for a, b in zip(drafts["fp32"], drafts["int8"]))
+    assert same >= 0.8 * len(drafts["fp32"])
+
+
+def test_the_attached_head_runs_in_the_precision_measured_fastest(target, monkeypatch, tmp_path):
+    """drafters.factory.attached_head times fp32, bf16 and (where torch has it) int8 on the head and keeps the
+    fastest; `fastest` picks the quickest candidate by its measured step."""
+    import time as clock
+
+    from leapdecode.heads import precision
+
+    head, _ = tiny_head(target, trained=False)
+
+    class Slow:
+        config = head.config
+
+        def step(self, feature, token):
+            clock.sleep(0.001)
+            return feature
+
+        def logits(self, feature):
+            return feature
+
+    assert precision.fastest({"slow": Slow(), "head": head}, repeats=2, steps=3) == "head"
+    assert precision.fastest({"head": head, "slow": Slow()}, repeats=2, steps=3) == "head"
+
+    from types import SimpleNamespace
+
+    from leapdecode.drafters.factory import attached_head
+
+    head.save(tmp_path / "head")
+    for wanted in ("bfloat16", "int8") if precision.int8_available() else ("bfloat16",):
+        monkeypatch.setattr(precision, "fastest", lambda candidates, wanted=wanted: wanted)
+        chosen = attached_head(SimpleNamespace(model=tiny_model("llama", seed=5)), tmp_path / "head")
+        assert chosen.precision == wanted
+        assert (chosen.out_linear is not None) == (wanted == "int8")
+        assert chosen.embed_norm.weight.dtype == (torch.bfloat16 if wanted == "bfloat16" else torch.float32)

@@ -120,6 +120,23 @@ def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, m
     assert len(measured) == len(shapes) + 1  # every shape, and the head's argmax variants
 
 
+def test_a_model_set_up_again_keeps_its_routes_and_native_step_tables():
+    """Each request builds its Runner (and a draft head's drafter installs the head's kernels): installing the same
+    plans again must not make every layer work out its path again, nor drop the native step's tables (it did, once
+    per request)."""
+    model = tiny_model("llama", seed=12, vocab=97)
+    runner = Runner(model)
+    runner.prefill([1, 2, 3])
+    runner.forward([4])
+    epoch, tables = kernels.packed._epoch[0], dict(runner.decoder.native_step._tables)
+    assert tables
+    again = Runner(model)
+    again.prefill([1, 2, 3])
+    again.forward([4])
+    assert kernels.packed._epoch[0] == epoch
+    assert all(again.decoder.native_step._tables.get(rows) is table for rows, table in tables.items())
+
+
 def test_an_instruction_set_cap_is_another_host(monkeypatch):
     for name in calibrate.ISA_LIMITS:
         monkeypatch.delenv(name, raising=False)

@@ -47,7 +47,7 @@ def client(server):
 
 
 def solo(target, prompt, n, raw=False, **sampling):
-    return generate(target, prompt, drafter="none", max_new_tokens=n, raw=raw, **sampling)
+    return generate(target, prompt, drafter="none", max_new_tokens=n, raw=raw, prefix_cache=False, **sampling)
 
 
 def sse_events(url: str, body: dict, headers=None) -> list[str]:

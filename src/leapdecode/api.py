@@ -10,6 +10,8 @@ from .decode import decode
 from .drafters import Drafter
 from .drafters.factory import build_drafter
 from .errors import require
+from .kv.prefix_cache import PrefixCache
+from .kv.prefix_cache import for_model as prefix_cache_for
 from .models.resolve import resolve_model
 from .params import DraftConfig, RequestParams
 from .prompt import Messages, encode_prompt
@@ -33,6 +35,7 @@ def generate(
     packed_weights: bool = True,
     drafter_options: dict | None = None,
     stream: Callable[[list[int]], None] | None = None,
+    prefix_cache: bool | PrefixCache = True,
     **options,
 ) -> GenerationResult:
     """Generate a continuation of `prompt` (a string, chat messages or token ids) with speculative decoding.
@@ -46,6 +49,8 @@ def generate(
     The request's settings come as `params` (a RequestParams) or as its fields by keyword (max_new_tokens,
     temperature, top_p, top_k, seed, stop, raw, min_p, stop_token_ids, ignore_eos, min_tokens); the draft length's
     as draft_length, max_draft_length, adaptive_draft_length (see params.DraftConfig).
+    `prefix_cache`: calls on one model share a cache of their prompts' and outputs' keys/values (kv.prefix_cache:
+    the next turn of a chat computes only its new message); a PrefixCache of the caller's own, or False for none.
     `packed_weights=False` runs the target's linear layers through HF's own `F.linear` instead of pre-packed weights
     (same numbers in bf16; in fp32 they round differently, as any two GEMMs do).
     """
@@ -62,7 +67,9 @@ def generate(
     if kv_press is not None:
         kv_press.check(target.model)
     chosen = build_drafter(drafter, target, draft_model, draft_dtype, **(drafter_options or {}))
-    runner = Runner(target.model, press=kv_press, packed_weights=packed_weights)
+    if prefix_cache is True:
+        prefix_cache = prefix_cache_for(target.model)
+    runner = Runner(target.model, kv_press, packed_weights, prefix_cache=prefix_cache or None)
     logprobs = None if params.logprobs is None else []
     tokens, stats = decode(
         runner,

@@ -47,6 +47,7 @@ def decode(
     runner.keep_hidden = drafter.needs_hidden
     runner.argmax_only = seq.argmax_only
     logits = runner.prefill(prompt_ids)[None]
+    seq.stats.cached_prompt_tokens = runner.reused
     fed, forward_seconds = 0, 0.0  # the prefill is not a decode step: nothing to time
     while True:
         new, rejected = seq.accept(logits, runner.hidden, fed, forward_seconds)
@@ -60,6 +61,7 @@ def decode(
         t = time.perf_counter()
         logits = runner.forward(rows)
         fed, forward_seconds = len(rows), time.perf_counter() - t
+    runner.remember(seq.context)
     if logprobs_sink is not None:
         logprobs_sink += seq.logprobs
     return seq.out, seq.finish()

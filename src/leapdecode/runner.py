@@ -2,7 +2,9 @@
 
 Its keys/values live in the engine's slot type (kv.slots.SequenceKV): a single request is the engine's one-sequence
 case, with the same attention, kernels and rollback. A KV press (see leapdecode.kv) fills an HF cache during prefill,
-compressed; decoding then goes on over that cache through the same slot interface (kv.slots.CacheSlot).
+compressed; decoding then goes on over that cache through the same slot interface (kv.slots.CacheSlot). With a
+prefix cache (kv.prefix_cache), a prompt starts from the cached keys/values of its longest known prefix and the
+finished sequence leaves its own there (`remember`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ class Runner:
     draft head drafts from), or None when the forward did not pass the final norm (a KV press prefill may not).
     """
 
-    def __init__(self, model: torch.nn.Module, press=None, packed_weights: bool = True):
+    def __init__(self, model: torch.nn.Module, press=None, packed_weights: bool = True, prefix_cache=None):
         self.model = model
         self.press = press
         self.packed_weights = packed_weights
         self.run = ModelForward(model, packed_weights)
+        # a press compresses what it caches; models whose rows must be read in one call (forward.rows_alone) too
+        self.prefix_cache = None if press is not None or self.run.rows_alone else prefix_cache
+        self.reused = 0  # prompt tokens the last prefill took from the prefix cache
         self.argmax_only = False
         self.kv: SequenceKV | CacheSlot | None = None
         self.position = 0
@@ -71,7 +76,17 @@ class Runner:
             self.use_cache(cache, len(token_ids))
             return logits
         self.kv = SequenceKV(self.model.config.num_hidden_layers)
-        return self._forward(token_ids, last_only=True)[-1]
+        cached = self.prefix_cache.lookup(token_ids) if self.prefix_cache is not None else None
+        if cached is not None:
+            self.kv.load(*cached)
+        self.position = self.reused = self.kv.length
+        return self._forward(token_ids[self.position :], last_only=True)[-1]
+
+    def remember(self, tokens: list[int]) -> None:
+        """Leave the sequence's keys/values in the prefix cache; `tokens`: the sequence so far (its rows 0.. are
+        theirs; the last token, not yet fed, has none)."""
+        if self.prefix_cache is not None and isinstance(self.kv, SequenceKV):
+            self.prefix_cache.insert(tokens, self.kv)
 
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Append tokens to the sequence; return logits [len(token_ids), V], row i predicting the token after i

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of those, read from the prefix cache instead of computed
     new_tokens: int = 0
     forward_passes: int = 0  # target forwards, prefill included
     drafted_tokens: int = 0  # draft tokens sent to verification
@@ -34,6 +35,7 @@ class GenerationStats:
     def as_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "new_tokens": self.new_tokens,
             "forward_passes": self.forward_passes,
             "mean_accepted_tokens": round(self.mean_accepted_tokens, 4),

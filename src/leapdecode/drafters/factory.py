@@ -101,14 +101,18 @@ _heads: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDict
 
 def attached_head(target, source):
     """The draft head from `source` (a directory, or a target name with a shipped head) attached to the target;
-    loaded once per target model. It runs in bf16, the precision it ships in, where bf16 products measure faster on
-    this CPU (kernels.bf16_pays; even without native bf16, reading half the bytes can pay): same acceptance; elsewhere
-    in fp32."""
+    loaded once per target model, in the precision that steps it fastest on this host (heads.precision: fp32, bf16
+    or int8 weights, timed on the head itself). Its precision changes its drafts a little, never the output."""
     from ..heads.model import load_head
-    from ..kernels import bf16_pays
+    from ..heads.precision import fastest, int8_available, int8_head
 
     loaded = _heads.setdefault(target.model, {})
     if str(source) not in loaded:
-        dtype = torch.bfloat16 if bf16_pays() else torch.float32
-        loaded[str(source)] = load_head(source, dtype=dtype).attach(target.model)
+        fp32 = load_head(source, dtype=torch.float32).attach(target.model)
+        candidates = {"float32": fp32, "bfloat16": load_head(source, dtype=torch.bfloat16).attach(target.model)}
+        if int8_available():
+            candidates["int8"] = int8_head(fp32)
+        name = fastest(candidates)
+        candidates[name].precision = name
+        loaded[str(source)] = candidates[name]
     return loaded[str(source)]

@@ -49,7 +49,9 @@ class DraftHead(nn.Module):
         self.embed_weight: torch.Tensor | None = None
         self.out_weight: torch.Tensor | None = None
         self.full_out_weight: torch.Tensor | None = None
+        self.out_linear: nn.Module | None = None  # the output-head slice as a module (heads.precision's int8)
         self.meta: dict = {}  # head.json of a loaded checkpoint (training summary)
+        self.precision = "float32"  # what its products run in (drafters.factory picks per host: heads.precision)
 
     def attach(self, target: nn.Module) -> "DraftHead":
         """Share the target's input embedding and the rows of its output head for `vocab_ids`."""
@@ -67,14 +69,22 @@ class DraftHead(nn.Module):
 
     def step(self, feature: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         """Predicted feature after `token`, given the feature at the position before it. Shapes [..., d], [...]."""
-        x = self.embed_norm(nn.functional.embedding(token, self.embed_weight).to(self.fuse.weight.dtype))
+        x = self.embed_norm(nn.functional.embedding(token, self.embed_weight).to(self.embed_norm.weight.dtype))
         z = self.fuse(torch.cat([feature.to(x.dtype), x], -1))
         h = self.mlp_norm(z)
         return z + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """Logits over vocab_ids (index i is token vocab_ids[i])."""
+        if self.out_linear is not None:
+            return self.out_linear(feature)
         return feature @ self.out_weight.T
+
+    def size(self) -> int:
+        """Its own weights (the borrowed output-head slice not counted), whatever precision holds them."""
+        return sum(
+            layer.in_features * layer.out_features for layer in (self.fuse, self.gate, self.up, self.down)
+        ) + sum(norm.weight.numel() for norm in (self.embed_norm, self.mlp_norm))
 
     def rows(self, token_ids: list[int]) -> torch.Tensor:
         """The target's output-head rows of any tokens (to score tokens outside vocab_ids, e.g. the prompt's)."""

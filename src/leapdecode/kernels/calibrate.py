@@ -59,6 +59,7 @@ class Plan:
     (fp32 paths and ArgmaxOutputHead's bf16 variants) and `argmax_variant(rows)` (the faster bf16 variant)."""
 
     def __init__(self, linear: dict, argmax: dict | None = None):
+        self.sources = (linear, argmax)  # the measurements it was made from (the very objects: see assign_plans)
         self.buckets = tuple(linear["buckets"])
         if argmax and tuple(argmax["buckets"]) != self.buckets:  # timings at the nearest of its row counts
             at = _nearest(tuple(argmax["buckets"]))
@@ -133,13 +134,15 @@ def assign_plans(modules: list[torch.nn.Linear]) -> None:
                     ARGMAX_BUCKETS,
                 )
                 fresh |= new
+            current = getattr(m, "_leapdecode_plan", None)
+            if current is not None and current.sources[0] is linear and current.sources[1] is argmax:
+                continue  # installed again (a drafter per request): same plan, routes and native tables kept
             key = (id(linear), id(argmax))
             if key not in plans:
                 plans[key] = Plan(linear, argmax)
-            if getattr(m, "_leapdecode_plan", None) is not plans[key]:
-                m._leapdecode_plan = plans[key]
-                drop_derived(m, plans[key].paths())
-                forget_routes()
+            m._leapdecode_plan = plans[key]
+            drop_derived(m, plans[key].paths())
+            forget_routes()
     if fresh:
         _save()
 

@@ -7,10 +7,15 @@ vLLM's prefix caching), and holds that block's keys/values for every layer. A ne
 cached blocks from the start and computes only the rest. Memory is bounded by `max_tokens`; the least recently used
 blocks go first. One cache belongs to one engine, hence to one model and dtype; the engine runs no KV press, so
 entries are always the model's exact keys/values at those positions.
+
+`generate` keeps one cache per model too (`for_model`), filled with each call's prompt and output: the next turn of
+a chat, whose prompt repeats the whole conversation so far, computes only its new message (as OpenVINO GenAI and
+llama.cpp reuse a conversation's KV).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -87,3 +92,14 @@ class PrefixCache:
             self.blocks.popitem(last=False)
             freed += self.block
         return freed
+
+
+GENERATE_TOKENS = 4096  # rows `generate` keeps per model: a few turns of a conversation (~47 KB a row for SmolLM2)
+_per_model: "weakref.WeakKeyDictionary[torch.nn.Module, PrefixCache]" = weakref.WeakKeyDictionary()
+
+
+def for_model(model: torch.nn.Module) -> PrefixCache:
+    """The prefix cache `generate` shares between its calls on this model (one per model object, so per dtype)."""
+    if model not in _per_model:
+        _per_model[model] = PrefixCache(GENERATE_TOKENS)
+    return _per_model[model]

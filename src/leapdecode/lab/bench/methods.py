@@ -16,6 +16,7 @@ import torch
 from ...api import generate
 from ...drafters import OracleDrafter
 from ...errors import LeapDecodeError, require
+from ...kv.prefix_cache import GENERATE_TOKENS, PrefixCache
 from ...runner import Runner
 from .peer_worker import peak_rss_mb  # the one definition (the worker itself imports no leapdecode)
 from .peers import PEER_METHODS, check_available
@@ -169,6 +170,7 @@ def run_leap(
         drafter_options=_drafter_options(ctx, variant.method, store_key),
         packed_weights=ctx.packed_weights,
         stream=lambda new: first or first.append(time.perf_counter() - start),
+        prefix_cache=_prefix_cache(store_key),
     )
     wall = time.perf_counter() - start
     return Measurement(
@@ -178,6 +180,15 @@ def run_leap(
         result.stats.forward_passes,
         engine=result.stats.as_dict(),
     )
+
+
+_prefix_caches: dict[str, PrefixCache] = {}
+
+
+def _prefix_cache(store_key: str) -> PrefixCache:
+    """Each method and repeat has a prefix cache of its own, as a user's one conversation would: a question's later
+    turns reuse its earlier turns' keys/values (OpenVINO GenAI's pipelines do the same), never another method's."""
+    return _prefix_caches.setdefault(store_key, PrefixCache(GENERATE_TOKENS))
 
 
 def _drafter_options(ctx: BenchContext, method: str, store_key: str) -> dict | None:

@@ -56,6 +56,8 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
         "draft-length sweep": f"k in {sorted(set(cfg.draft_lengths))} for oracle"
         + "".join(f", {m}" for m in cfg.sweep)
         + " (adaptive off)",
+        "prefix cache": "leapdecode methods: one per method and repeat, so a question's later turns reuse its "
+        "earlier turns' keys/values (as OpenVINO GenAI's pipelines do); hf-* methods: none",
         "hf-prompt-lookup": f"prompt_lookup_num_tokens={cfg.hf_prompt_lookup_tokens}",
         "draft head": _head_source(ctx) if "head" in cfg.methods else "not measured",
         "linear kernels": (
@@ -78,8 +80,8 @@ def _head_source(ctx: BenchContext) -> str:
     head = attached_head(ctx.target, ctx.head or ctx.target.name)
     summary = head.meta.get("summary", {})
     return (
-        f"{ctx.head or 'shipped head of ' + ctx.target.name}: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M "
-        f"parameters, {len(head.vocab_ids)} output tokens, trained on {summary.get('answer_tokens', '?')} answer "
+        f"{ctx.head or 'shipped head of ' + ctx.target.name}: {head.size() / 1e6:.1f}M weights in {head.precision} "
+        f"(the fastest here), {len(head.vocab_ids)} output tokens, trained on {summary.get('answer_tokens', '?')} answer "
         "tokens of the project's own prompts (none from the suites)"
     )
 
