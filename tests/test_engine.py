@@ -170,6 +170,11 @@ def test_prefix_cache_reuses_and_stays_exact(target, draft):
     assert eng.prefix_cache.hits == 1 and eng.prefix_cache.tokens >= 48
     assert first.token_ids == solo(target, system + [10, 11], 8)
     assert second.token_ids == solo(target, system + [12, 13, 14], 8)
+    next_turn = system + [12, 13, 14] + second.token_ids + [15, 16]  # repeats the second request and its answer
+    answered = len(system) + 3 + len(second.token_ids) - 1  # rows the second request computed: prompt and output
+    keys, _ = eng.prefix_cache.lookup(next_turn)
+    assert keys[0].shape[1] == answered // eng.prefix_cache.block * eng.prefix_cache.block > len(system) + 3
+    assert eng.generate_many([next_turn], max_new_tokens=8)[0].token_ids == solo(target, next_turn, 8)
     small = engine(target, draft, prefix_cache_tokens=32)
     small.generate_many([system + [1], list(range(10, 60))], max_new_tokens=2)
     assert small.prefix_cache.tokens <= 32  # bounded: least recently used blocks are evicted

@@ -306,6 +306,7 @@ class Engine:
         self.counters["generation_tokens"] += len(out.new_token_ids)
         self._emit(accepted.request, out, outputs)
         if out.finished:
+            self.scheduler.remember(accepted.request)
             self._release(accepted.request)
 
     def _fail(self, request: Request, error: str, outputs: list[RequestOutput]) -> None:

@@ -146,6 +146,13 @@ class Scheduler:
         self._failed_admissions = []
         return plan if plan.ids or plan.failed else None
 
+    def remember(self, request: Request) -> None:
+        """A request that finished leaves its output's keys/values in the prefix cache beside its prompt's: a chat's
+        next turn repeats both (vLLM caches generated blocks too). Rows past the output (accepted drafts beyond a
+        stop) are not kept; the last token, never fed, has none."""
+        if request.kv is not None and request.seq is not None:
+            self.prefix_cache.insert(request.prompt_ids + request.seq.out, request.kv)
+
     def remove(self, request: Request) -> None:
         if request in self.running:
             self.running.remove(request)
