@@ -144,3 +144,37 @@ def test_without_a_compiler_steps_run_layer_by_layer_after_one_notice(monkeypatc
             assert torch.equal(a, b)
     finally:
         native.forget_all()
+
+
+def test_the_native_step_follows_weights_changed_in_place_or_replaced(steps):
+    """Its address tables are rebuilt when a weight changes in place or is replaced: the step then computes with the
+    new weights, as the layer-by-layer forward does."""
+    model = tiny_model("llama", seed=33, vocab=97)
+    prompt = [5, 6, 7, 8]
+    with kernels.configured(**NATIVE):
+        before = Runner(model).prefill(prompt)
+        runner = Runner(model)
+        runner.prefill(prompt)
+        one = runner.forward([9])
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight.mul_(3.0)  # in place: its version counter moves
+        changed = Runner(model)
+        changed.prefill(prompt)
+        two = changed.forward([9])
+        layer = model.model.layers[0].self_attn.o_proj
+        new = torch.nn.Parameter(layer.weight.detach() * 0.5, requires_grad=False)
+        with torch.no_grad():
+            while new._version < layer.weight._version:  # the same version count: only its identity tells
+                new.add_(0)
+        layer.weight = new  # replaced
+        replaced = Runner(model)
+        replaced.prefill(prompt)
+        three = replaced.forward([9])
+    native_steps = list(steps)
+    with kernels.configured(**NATIVE, step="layers"):
+        layered = Runner(model)
+        layered.prefill(prompt)
+        reference = layered.forward([9])
+    assert native_steps and all(native_steps)
+    assert not torch.equal(one, two) and not torch.equal(two, three) and not torch.equal(before, three)
+    assert torch.equal(three, reference)

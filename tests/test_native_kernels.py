@@ -193,3 +193,36 @@ def test_the_setting_and_a_missing_compiler_keep_torch_s_operations(monkeypatch,
         assert len(notices) == 1 and "\n" not in notices[0]
     finally:
         native.forget_all()
+
+
+def test_the_argmax_heads_native_exact_step_gives_the_panel_kernels_bits_on_every_candidate(lib):
+    """csrc/argmax_head.c: every token the bound cannot rule out gets the native fp32 head's exact logit, bit for bit
+    (so its argmax is that head's, near-ties included); every other token stays below the largest; the torch version
+    of the same step finds the same argmax. Features as peaked as a real model's and as flat as noise."""
+    from leapdecode.kernels import argmax_head
+
+    if argmax_head._library.get() is None:
+        pytest.skip("the argmax head's native step is unavailable here")
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.randn(3000, 64, generator=gen) * 0.3
+    weight[7] = weight[5]  # an exact tie: broken at the first index
+    head, panels = argmax_head.ArgmaxOutputHead(weight, packed=False), Panels(weight)
+    x = torch.cat([torch.randn(6, 64, generator=gen), weight[[5, 11, 40]] * 20])  # flat rows, then peaked ones
+    got, exact = head(x), panels(x, None)
+    candidates = got == exact
+    assert bool(candidates.all(dim=-1).logical_not().all())  # the bound rules most tokens out ...
+    low = head.bf16_logits(x).float()  # the bound's floor, as argmax_head.py states it
+    top = low.amax(-1, keepdim=True)
+    reach = top - 2 * head.slack * x.norm(dim=-1, keepdim=True) - argmax_head.BF16_ROUNDING * top.abs()
+    floor = torch.where(reach >= 0, reach / (1 + argmax_head.BF16_ROUNDING), reach / (1 - argmax_head.BF16_ROUNDING))
+    assert torch.equal(candidates | (low < floor), torch.ones_like(candidates))  # every token it could not rule out
+    assert bool((candidates.sum(-1) >= 1).all())
+    assert torch.equal(got.argmax(-1), exact.argmax(-1)) and int(got[6].argmax()) == 5
+    top = got.gather(1, got.argmax(-1, keepdim=True))
+    assert bool((got[~candidates] < top.expand_as(got)[~candidates]).all())  # ... and they stay below the largest
+    saved = argmax_head._library.get
+    try:
+        argmax_head._library.get = lambda: None  # the torch version of the step
+        assert torch.equal(head(x).argmax(-1), got.argmax(-1))
+    finally:
+        argmax_head._library.get = saved

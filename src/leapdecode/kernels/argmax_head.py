@@ -2,15 +2,28 @@
 
 The bf16 product runs either on a pre-packed oneDNN weight (fast where the CPU has native bf16) or through plain
 `F.linear` on a bf16 weight (bf16 only halves the bytes read there, which still pays for a memory-bound head);
-calibration picks whichever path is fastest on this host, including plain fp32.
+calibration picks whichever path is fastest on this host, including plain fp32. The exact step (widen, bound,
+recompute the candidates) runs in C (csrc/argmax_head.c) where the native library builds, else in torch.
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 
+from .native import NativeLibrary
 from .ops import packed_matmul, reorder
+
+_i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+_library = NativeLibrary(
+    "argmax_head",
+    {"argmax_head": (None, [_i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _f32, _f32, _ptr, _i64])},
+    lambda: True,
+    "the argmax head's native exact step",
+    "its exact step runs in torch",
+)
 
 # bf16 keeps 8 significant bits: its unit roundoff is 2^-8. The bound below charges 2^-7 per rounding step, which also
 # covers fp32 accumulation over up to 65,536 products (d * 2^-24 <= 2^-8)
@@ -34,6 +47,7 @@ class ArgmaxOutputHead:
     def __init__(self, weight: torch.Tensor, packed: bool = True):
         low = weight.bfloat16()
         self.weight = weight
+        self.exact = weight.contiguous()  # what the native exact step reads rows of
         self.low = low
         self.packed = reorder(low) if packed else None
         self.slack = float(((weight - low.float()).norm(dim=-1) + BF16_ROUNDING * weight.norm(dim=-1)).max())
@@ -45,7 +59,18 @@ class ArgmaxOutputHead:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        logits = self.bf16_logits(flat).float()
+        low = self.bf16_logits(flat)
+        lib = _library.get() if low.dtype == torch.bfloat16 and flat.dtype == torch.float32 else None
+        if lib is not None:
+            flat, low = flat.contiguous(), low.contiguous()
+            logits = torch.empty(low.shape, dtype=torch.float32)
+            rows, vocab = low.shape
+            lib.argmax_head(
+                rows, vocab, flat.shape[1], low.data_ptr(), flat.data_ptr(), flat.stride(0), self.exact.data_ptr(),
+                self.slack, BF16_ROUNDING, logits.data_ptr(), torch.get_num_threads(),
+            )  # fmt: skip
+            return logits.reshape(*x.shape[:-1], self.weight.shape[0])
+        logits = low.float()
         top = logits.amax(-1, keepdim=True)
         reach = top - 2 * self.slack * flat.norm(dim=-1, keepdim=True) - BF16_ROUNDING * top.abs()
         floor = torch.where(reach >= 0, reach / (1 + BF16_ROUNDING), reach / (1 - BF16_ROUNDING))  # l + c|l| = reach

@@ -17,6 +17,7 @@ layer by layer.
 from __future__ import annotations
 
 import ctypes
+import operator
 from array import array
 
 import torch
@@ -85,9 +86,18 @@ class NativeStep:
         self._tables: dict = {}  # rows -> (addresses, what they point into) or None, for self._key
         self._key = None
         self._parameters = [m._parameters for group in self.modules + self.norms for m in group]
+        self._weights: list = []  # the weights the tables were built for, and those of them with a version counter
+        self._versioned: list = []
 
     def _fingerprint(self) -> tuple:
-        return tuple(packed._weight_key(p["weight"]) for p in self._parameters)
+        """What tells any weight replaced or changed in place (packed._weight_key's test), checked every step: so
+        it compares identities and version counters only (~0.05 ms for 180 weights, against ~0.5 ms for data
+        pointers)."""
+        weights = [p["weight"] for p in self._parameters]
+        if len(weights) != len(self._weights) or any(map(operator.is_not, weights, self._weights)):
+            self._weights, self._versioned = weights, [w for w in weights if not w.is_inference()]
+            return (object(),)  # never equal to the last key: rebuild
+        return tuple(w._version for w in self._versioned)
 
     def table(self, rows: int):
         """The per-layer addresses (ctypes array) for a step of `rows` rows, or None where some linear layer does not
