@@ -66,7 +66,7 @@ class Runner:
     @torch.inference_mode()
     def prefill(self, token_ids: list[int]) -> torch.Tensor:
         """Start a new sequence; return the logits [V] that predict the token after the prompt."""
-        self.position = 0
+        self.position = self.reused = 0
         if self.press is not None:
             cache = buffered_cache(self.model.config)
             kernels = model_kernels(self.model, self.packed_weights, self.argmax_only)

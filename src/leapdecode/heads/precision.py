@@ -20,8 +20,6 @@ import time
 import torch
 from torch import nn
 
-PRECISIONS = ("float32", "bfloat16", "int8")
-
 
 def int8_available() -> bool:
     """Whether this torch has the weight-only int8 product (a private aten op: probed, not assumed)."""
