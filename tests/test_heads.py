@@ -395,6 +395,12 @@ def test_the_attached_head_runs_in_the_precision_measured_fastest(target, monkey
     assert precision.fastest({"slow": Slow(), "head": head}, repeats=2, steps=3) == "head"
     assert precision.fastest({"head": head, "slow": Slow()}, repeats=2, steps=3) == "head"
 
+    class Broken(Slow):
+        def step(self, feature, token):
+            raise RuntimeError("this kernel does not take that shape")
+
+    assert precision.fastest({"head": head, "broken": Broken()}, repeats=2, steps=3) == "head"
+
     from types import SimpleNamespace
 
     from leapdecode.drafters.factory import attached_head
