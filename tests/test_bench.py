@@ -270,3 +270,16 @@ def test_cli_fail_on_mismatch_exits_3(tiny, tmp_path, monkeypatch, capsys, corru
     )
     assert code == (3 if corrupted else 0)
     assert ("MISMATCH" in capsys.readouterr().err) == corrupted
+
+
+def test_each_method_keeps_one_conversations_prefix_cache():
+    """bench gives a method's later turns its earlier turns' keys/values, and starts afresh with each question (so
+    the bench holds one conversation per method, not the suite's)."""
+    from leapdecode.lab.bench.methods import _prefix_cache
+
+    first = [{"role": "user", "content": "q1"}]
+    later = first + [{"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
+    cache = _prefix_cache("test-none-r0", first)
+    assert _prefix_cache("test-none-r0", later) is cache
+    assert _prefix_cache("test-head-r0", later) is not cache
+    assert _prefix_cache("test-none-r0", first) is not cache

@@ -170,7 +170,7 @@ def run_leap(
         drafter_options=_drafter_options(ctx, variant.method, store_key),
         packed_weights=ctx.packed_weights,
         stream=lambda new: first or first.append(time.perf_counter() - start),
-        prefix_cache=_prefix_cache(store_key),
+        prefix_cache=_prefix_cache(store_key, messages),
     )
     wall = time.perf_counter() - start
     return Measurement(
@@ -185,10 +185,14 @@ def run_leap(
 _prefix_caches: dict[str, PrefixCache] = {}
 
 
-def _prefix_cache(store_key: str) -> PrefixCache:
+def _prefix_cache(store_key: str, messages: list[dict]) -> PrefixCache:
     """Each method and repeat has a prefix cache of its own, as a user's one conversation would: a question's later
-    turns reuse its earlier turns' keys/values (OpenVINO GenAI's pipelines do the same), never another method's."""
-    return _prefix_caches.setdefault(store_key, PrefixCache(GENERATE_TOKENS))
+    turns reuse its earlier turns' keys/values (OpenVINO GenAI's pipelines do the same), never another method's nor
+    another question's. A first turn starts a fresh one, so the bench holds one conversation's keys/values per
+    method, not a suite's."""
+    if len(messages) == 1 or store_key not in _prefix_caches:
+        _prefix_caches[store_key] = PrefixCache(GENERATE_TOKENS)
+    return _prefix_caches[store_key]
 
 
 def _drafter_options(ctx: BenchContext, method: str, store_key: str) -> dict | None:
