@@ -112,7 +112,5 @@ def attached_head(target, source):
         candidates = {"float32": fp32, "bfloat16": load_head(source, dtype=torch.bfloat16).attach(target.model)}
         if int8_available():
             candidates["int8"] = int8_head(fp32)
-        name = fastest(candidates)
-        candidates[name].precision = name
-        loaded[str(source)] = candidates[name]
+        loaded[str(source)] = candidates[fastest(candidates)]
     return loaded[str(source)]

@@ -51,7 +51,6 @@ class DraftHead(nn.Module):
         self.full_out_weight: torch.Tensor | None = None
         self.out_linear: nn.Module | None = None  # the output-head slice as a module (heads.precision's int8)
         self.meta: dict = {}  # head.json of a loaded checkpoint (training summary)
-        self.precision = "float32"  # what its products run in (drafters.factory picks per host: heads.precision)
 
     def attach(self, target: nn.Module) -> "DraftHead":
         """Share the target's input embedding and the rows of its output head for `vocab_ids`."""
@@ -79,6 +78,11 @@ class DraftHead(nn.Module):
         if self.out_linear is not None:
             return self.out_linear(feature)
         return feature @ self.out_weight.T
+
+    @property
+    def precision(self) -> str:
+        """What its products run in: "int8" (heads.precision.int8_head), else its parameters' dtype."""
+        return "int8" if self.out_linear is not None else str(self.embed_norm.weight.dtype).removeprefix("torch.")
 
     def size(self) -> int:
         """Its own weights (the borrowed output-head slice not counted), whatever precision holds them."""
