@@ -35,11 +35,12 @@ from .packed import (
     available,
     drop_derived,
     forget_routes,
+    has_q4_form,
     prepare,
 )
 from .settings import cache_dir, host_cpu
 
-VERSION = 4  # bump when what is measured changes: older cache entries are then ignored
+VERSION = 5  # bump when what is measured changes: older cache entries are then ignored
 # 1 + draft length for single requests (up to 17), and the flat batches of a batched engine
 BUCKETS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 64, 128, 256)
 # the output head is one huge layer per model: its bf16 argmax variants are timed at fewer row counts
@@ -50,6 +51,7 @@ PASS_S = 3e-3  # one timed pass cycles through layers of a shape for about this 
 ROUNDS, MAX_ROUNDS = 3, 8  # interleaved rounds per row count (more while the best times still drop)
 BUDGET_S = 2.0  # per shape: past half of it no extra rounds, past all of it a single round per row count
 BIG_S = 8e-3  # a call slower than this is timed on a slice of the weight's rows (still past the caches)
+FP32_PATHS = tuple(p for p in LINEAR_PATHS if p != "native-q4")  # for weights without an exact 4-bit form
 _memory: dict[str, dict] = {}
 _disk: dict | None = None
 
@@ -115,11 +117,13 @@ def assign_plans(modules: list[torch.nn.Linear]) -> None:
     """Give every installed linear layer the plan measured for its shape and dtype (the output head marked by
     install_argmax_head also gets the argmax variants); measures what neither memory nor disk cache holds."""
     groups: dict[tuple, list] = defaultdict(list)
-    for m in modules:
-        groups[(m.out_features, m.in_features, m.weight.dtype)].append(m)
+    for m in modules:  # weights with an exact 4-bit form are timed apart: their "native-q4" path reads fewer bytes
+        groups[(m.out_features, m.in_features, m.weight.dtype, has_q4_form(m))].append(m)
     fresh, plans = False, {}
-    for (out, inp, dtype), mods in groups.items():
-        linear, new = _entry("linear", out, inp, dtype, lambda: [m.weight.detach() for m in mods], LINEAR_PATHS)  # noqa: B023 - called at once, in this iteration
+    for (out, inp, dtype, q4), mods in groups.items():
+        paths = LINEAR_PATHS if q4 else FP32_PATHS
+        family = "linear-q4" if q4 else "linear"
+        linear, new = _entry(family, out, inp, dtype, lambda: [m.weight.detach() for m in mods], paths)  # noqa: B023 - called at once, in this iteration
         fresh |= new
         for m in mods:
             argmax = None
@@ -156,8 +160,8 @@ def bf16_pays() -> bool:
     if key not in _memory:
         gen = torch.Generator().manual_seed(0)
         weights = [torch.randn(4096, 1024, generator=gen) for _ in range(6)]
-        fp32 = _measure(weights, torch.float32, LINEAR_PATHS, (1,))
-        bf16 = _measure([w.bfloat16() for w in weights], torch.bfloat16, LINEAR_PATHS, (1,))
+        fp32 = _measure(weights, torch.float32, FP32_PATHS, (1,))
+        bf16 = _measure([w.bfloat16() for w in weights], torch.bfloat16, FP32_PATHS, (1,))
         _memory[key] = {"float32": fp32, "bfloat16": bf16, "quiet": _quiet()}
         _save()
     best = {

@@ -114,15 +114,23 @@ class NativeStep:
             for module in (qkv, out, gate_up, down):
                 path, state = packed._route(module, rows, mode, False)
                 bias = module._parameters["bias"]
-                if path != "native" or state is None or (bias is not None and bias.dtype != torch.float32):
+                if (
+                    path not in packed.NATIVE_PATHS
+                    or state is None
+                    or (bias is not None and bias.dtype != torch.float32)
+                ):
                     return None
                 bias = None if bias is None else bias.contiguous()
+                scales = getattr(state, "scales", None)  # a Q4Panels' (fp32 Panels have none)
                 alive += [state, bias]
-                parts.append((state.data.data_ptr(), 0 if bias is None else bias.data_ptr()))
+                parts += [
+                    state.data.data_ptr(),
+                    0 if scales is None else scales.data_ptr(),
+                    0 if bias is None else bias.data_ptr(),
+                ]
             norms = [n.weight.contiguous() for n in (norm_in, norm_post)]
             alive += norms
-            (q, qb), (o, ob), (g, gb), (d, db) = parts
-            addresses += [norms[0].data_ptr(), q, qb, o, ob, norms[1].data_ptr(), g, gb, d, db]
+            addresses += [norms[0].data_ptr(), *parts[:6], norms[1].data_ptr(), *parts[6:]]
         return (ctypes.c_int64 * len(addresses))(*addresses), alive
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout) -> torch.Tensor | None:

@@ -1,7 +1,8 @@
 """Per-call dispatch of a model's `nn.Linear` layers to a linear path, inside leapdecode's own forwards only.
 
 Paths: "hf" (the layer's own forward, `F.linear`), "native" (an fp32 weight packed once into column panels for a
-small C kernel: kernels.native_linear), "packed" (a copy of the weight packed once into oneDNN's blocked layout:
+small C kernel: kernels.native_linear), "native-q4" (the same product from the weight's exact 4-bit form, where it
+has one: the same bits from a sixth of the bytes), "packed" (a copy of the weight packed once into oneDNN's blocked layout:
 `F.linear` re-lays out a plain weight on every call), "packed-pad" (the same, fewer than four rows zero-padded to
 four), and for a greedy output head "argmax-bf16-packed" / "argmax-bf16-linear" (ArgmaxOutputHead). Under the "auto"
 setting each layer follows the plan calibration measured for its shape, dtype and row count on this host.
@@ -22,7 +23,8 @@ from .argmax_head import ArgmaxOutputHead, fast_bf16
 from .ops import notice, packed_matmul, packed_ops, reorder
 from .settings import _settings
 
-LINEAR_PATHS = ("hf", "native", "packed", "packed-pad")  # in order of preference at equal speed
+LINEAR_PATHS = ("hf", "native-q4", "native", "packed", "packed-pad")  # in order of preference at equal speed
+NATIVE_PATHS = ("native", "native-q4")  # the panel kernel's paths: the same bits for a row whatever the row count
 ARGMAX_PATHS = ("argmax-bf16-packed", "argmax-bf16-linear")
 MODES = ("auto",) + LINEAR_PATHS
 ARGMAX_MODES = ("auto", "on", "off")
@@ -30,6 +32,7 @@ DECODERS = ("fused", "hf")
 ATTENTIONS = ("native", "sdpa")
 ELEMENTWISE = ("native", "torch")
 STEPS = ("native", "layers")
+NATIVE_WEIGHTS = ("q4", "fp32")
 
 _mode = contextvars.ContextVar("leapdecode_packed_linear", default=False)
 _epoch = [0]  # bumped by forget_routes
@@ -39,6 +42,7 @@ _argmax_only = contextvars.ContextVar("leapdecode_argmax_only", default=False)
 _derived: "weakref.WeakKeyDictionary[torch.nn.Linear, dict]" = weakref.WeakKeyDictionary()
 _DERIVED_KIND = {
     "native": "native",
+    "native-q4": "native-q4",
     "packed": "packed",
     "packed-pad": "packed",
     "argmax-bf16-packed": "argmax-packed",
@@ -57,11 +61,13 @@ def configure(
     attention: str | None = None,
     elementwise: str | None = None,
     step: str | None = None,
+    native_weights: str | None = None,
     cache_dir=None,
 ) -> dict:
     """Set the process's kernel choice (None leaves a setting as is); returns the previous settings.
     linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"; decoder: "fused" | "hf";
-    attention: "native" | "sdpa"; elementwise: "native" | "torch"; step: "native" | "layers"."""
+    attention: "native" | "sdpa"; elementwise: "native" | "torch"; step: "native" | "layers"; native_weights: "q4" |
+    "fp32" (whether "native-q4" may keep a weight in its exact 4-bit form)."""
     for name, value, allowed in (
         ("linear kernels", linear, MODES),
         ("argmax_head", argmax_head, ARGMAX_MODES),
@@ -69,6 +75,7 @@ def configure(
         ("attention", attention, ATTENTIONS),
         ("elementwise", elementwise, ELEMENTWISE),
         ("step", step, STEPS),
+        ("native_weights", native_weights, NATIVE_WEIGHTS),
     ):
         if value is not None and value not in allowed:
             raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -81,6 +88,7 @@ def configure(
         ("attention", attention),
         ("elementwise", elementwise),
         ("step", step),
+        ("native_weights", native_weights),
         ("cache_dir", cache_dir),
     ):
         if value is not None:
@@ -171,6 +179,9 @@ def prepare(path: str, weight: torch.Tensor):
         return weight
     if path == "native":
         return native_linear.Panels(weight)
+    if path == "native-q4":  # None where the weight has no exact 4-bit form (its calls take "native")
+        form = native_linear.q4_form(weight) if _settings["native_weights"] == "q4" else None
+        return None if form is None else native_linear.Q4Panels(*form)
     if path in ("packed", "packed-pad"):
         return reorder(weight)
     return ArgmaxOutputHead(weight, packed=path == "argmax-bf16-packed")
@@ -182,7 +193,7 @@ def apply(path: str, state, flat: torch.Tensor, bias: torch.Tensor | None) -> to
         return F.linear(flat, state, bias)
     if path in ("packed", "packed-pad"):
         return packed_matmul(flat, state, bias, pad=path == "packed-pad")
-    if path == "native":
+    if path in NATIVE_PATHS:
         return state(flat, bias)
     return state(flat)
 
@@ -192,15 +203,15 @@ def available(path: str, dtype: torch.dtype) -> bool:
         return True
     if path == "argmax-bf16-packed":
         return packed_ops(torch.bfloat16)
-    if path == "native":
+    if path in NATIVE_PATHS:
         return dtype == torch.float32 and native_linear.library() is not None
     return packed_ops(dtype)
 
 
 def drop_derived(module: torch.nn.Linear, keep: set[str]) -> None:
     """Free derived weights of paths the module's plan never takes (a packed copy is as large as the weight)."""
-    entries = _derived.get(module, {})
-    for kind in [k for k in entries if k not in {_DERIVED_KIND.get(p) for p in keep}]:
+    entries = _derived.get(module, {})  # the 4-bit form (or its absence) is kept: finding it reads the whole weight
+    for kind in [k for k in entries if k not in {_DERIVED_KIND.get(p) for p in keep} | {"native-q4"}]:
         del entries[kind]
 
 
@@ -213,9 +224,14 @@ def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
     return weight.data_ptr(), (0 if weight.is_inference() else weight._version)
 
 
+def has_q4_form(module: torch.nn.Linear) -> bool:
+    """Whether the module's weight has an exact 4-bit form for "native-q4" (found once per weight and kept)."""
+    return available("native-q4", module.weight.dtype) and _state(module, "native-q4") is not None
+
+
 def _state(module: torch.nn.Linear, path: str):
     kind = _DERIVED_KIND[path]
-    key = _weight_key(module.weight)
+    key = (*_weight_key(module.weight), _settings["native_weights"])
     entries = _derived.setdefault(module, {})
     if kind not in entries or entries[kind][0] != key:
         entries[kind] = (key, prepare(path, module.weight.detach()))
@@ -253,7 +269,10 @@ def _route(module: torch.nn.Linear, rows: int, mode, argmax_only: bool) -> tuple
     if route is None or route[2] != _weight_key(weight):
         path = chosen_path(module, rows, mode, argmax_only)
         usable = path != "hf" and not module.__dict__.get("_leapdecode_broken") and available(path, weight.dtype)
-        route = routes[key] = (path, _state(module, path) if usable else None, _weight_key(weight))
+        state = _state(module, path) if usable else None
+        if path == "native-q4" and state is None and usable:  # no exact 4-bit form: the fp32 panels, same bits
+            path, state = "native", _state(module, "native")
+        route = routes[key] = (path, state, _weight_key(weight))
     return route[0], route[1]
 
 

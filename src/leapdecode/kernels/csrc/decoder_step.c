@@ -15,9 +15,21 @@
 #include "panel_linear.c"
 #include "segment_attention.c"
 
-/* addresses per layer in `weights`: input RMSNorm weight, q/k/v panels and bias, output panels and bias, post-attention
-   RMSNorm weight, gate/up panels and bias, down panels and bias (a bias is 0 where the layer has none) */
-enum { NORM_IN, QKV, QKV_BIAS, OUT, OUT_BIAS, NORM_POST, GATE_UP, GATE_UP_BIAS, DOWN, DOWN_BIAS, WEIGHTS };
+/* addresses per layer in `weights`: input RMSNorm weight; q/k/v panels, their q4 scales (0: fp32 panels) and bias;
+   the same for the output product; post-attention RMSNorm weight; the same for gate/up and for down (a bias is 0
+   where the layer has none) */
+enum { NORM_IN, QKV, OUT = QKV + 3, NORM_POST = OUT + 3, GATE_UP, DOWN = GATE_UP + 3, WEIGHTS = DOWN + 3 };
+
+/* y = x W^T (+ bias) for the product whose panels, q4 scales and bias are at w[at], w[at + 1], w[at + 2] */
+static void product(int64_t rows, int64_t n, int64_t k, const float *x, const int64_t *w, int at, float *y,
+                    int64_t threads) {
+    const float *bias = (const float *)(intptr_t)w[at + 2];
+    if (w[at + 1])
+        q4_panel_linear(rows, n, k, x, k, (const uint8_t *)(intptr_t)w[at], (const float *)(intptr_t)w[at + 1],
+                        bias, y, n, threads);
+    else
+        panel_linear(rows, n, k, x, k, (const float *)(intptr_t)w[at], bias, y, n, threads);
+}
 
 /* x: the step's rows [rows, hidden] (the embeddings in, the last layer's output residual out), cos/sin: [rows,
    head_dim]; segments: per sequence its first row, rows and past (keys already held); buffers: per sequence, per layer,
@@ -36,7 +48,7 @@ void decoder_step(int64_t layers, int64_t rows, int64_t hidden, int64_t heads, i
         const int64_t *w = weights + l * WEIGHTS;
 #define AT(i) ((const float *)(intptr_t)w[i])
         add_rms_norm(rows, hidden, x, l ? delta : 0, AT(NORM_IN), eps, x, normed, threads);
-        panel_linear(rows, width, hidden, normed, hidden, AT(QKV), AT(QKV_BIAS), qkv, width, threads);
+        product(rows, width, hidden, normed, w, QKV, qkv, threads);
         rotary(rows, heads + kv_heads, head_dim, qkv, width, cos, sin, threads);
         for (int64_t s = 0; s < sequences; s++) {
             const int64_t *b = buffers + (s * layers + l) * 3;
@@ -47,12 +59,11 @@ void decoder_step(int64_t layers, int64_t rows, int64_t hidden, int64_t heads, i
         segment_attention(sequences, meta, qkv, head_dim, width, qkv + heads * head_dim, head_dim, width,
                           qkv + (heads + kv_heads) * head_dim, head_dim, width, attn, heads, kv_heads, head_dim,
                           scale);
-        panel_linear(rows, hidden, attended, attn, attended, AT(OUT), AT(OUT_BIAS), delta, hidden, threads);
+        product(rows, hidden, attended, attn, w, OUT, delta, threads);
         add_rms_norm(rows, hidden, x, delta, AT(NORM_POST), eps, x, normed, threads);
-        panel_linear(rows, 2 * inter, hidden, normed, hidden, AT(GATE_UP), AT(GATE_UP_BIAS), gate_up, 2 * inter,
-                     threads);
+        product(rows, 2 * inter, hidden, normed, w, GATE_UP, gate_up, threads);
         silu_mul(rows, inter, gate_up, act, threads);
-        panel_linear(rows, hidden, inter, act, inter, AT(DOWN), AT(DOWN_BIAS), delta, hidden, threads);
+        product(rows, hidden, inter, act, w, DOWN, delta, threads);
 #undef AT
     }
     for (int64_t i = 0; i < rows * hidden; i++) x[i] += delta[i];

@@ -7,9 +7,19 @@
    Every output element is one accumulator summed over k = 0 .. K-1 in order, with a fused multiply-add, then the bias
    added: its bits depend on its input row and its column alone, never on how many rows share the call or how they are
    tiled. So a verified draft row gets exactly the bits of a one-row step.
+
+   q4_panel_linear computes the same products from a weight stored as 4-bit codes: each group of 32 inputs of an
+   output column holds w = d q + m (q in 0..15, d with at most 20 significant bits, so d q is exact in fp32), the form
+   of a GGUF Q4_1 weight dequantized to fp32. It rebuilds every w in registers, bit for bit (d q + m rounds once,
+   fused or not), and sums in the same order: its outputs are panel_linear's on the fp32 weight, from a sixth of the
+   bytes (kernels/native_linear.py encodes a weight only where every value comes back exactly).
    Plain C with GCC/Clang vector extensions, built per host by kernels/native.py. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX512F__)
 #define VL 16
@@ -24,6 +34,9 @@
 #define PANEL (2 * VL)
 
 typedef float vf __attribute__((vector_size(VL * 4)));
+typedef uint8_t vb __attribute__((vector_size(VL)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+#define GROUP 32 /* inputs per q4 group */
 
 static inline vf loadv(const float *p) {
     vf v;
@@ -31,7 +44,42 @@ static inline vf loadv(const float *p) {
     return v;
 }
 
+/* the VL bytes at p as the codes of two vectors: low nibbles and high nibbles, as floats (GCC lowers a generic
+   byte-to-float vector conversion one lane at a time, hence the intrinsics) */
+static inline void codes_of(const uint8_t *p, vf *low, vf *high) {
+#if defined(__AVX512F__)
+    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *low = (vf)_mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15)));
+    *high = (vf)_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
+#elif defined(__AVX2__)
+    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    *low = (vf)_mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15)));
+    *high = (vf)_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
+#else
+    vb b;
+    memcpy(&b, p, sizeof b);
+    vi c = __builtin_convertvector(b, vi);
+    *low = __builtin_convertvector(c & 15, vf);
+    *high = __builtin_convertvector(c >> 4, vf);
+#endif
+}
+
 int64_t panel_width(void) { return PANEL; }
+
+/* the accumulators of R rows into R rows of y (+ bias) */
+static inline __attribute__((always_inline)) void store_rows(const int R, const vf *lo, const vf *hi,
+                                                             const float *bias, float *y, int64_t ldy, int64_t cols) {
+    float sums[PANEL];
+    for (int r = 0; r < R; r++) {
+        memcpy(sums, &lo[r], sizeof lo[r]);
+        memcpy(sums + VL, &hi[r], sizeof hi[r]);
+        float *out = y + r * ldy;
+        if (bias)
+            for (int64_t c = 0; c < cols; c++) out[c] = sums[c] + bias[c];
+        else
+            memcpy(out, sums, cols * sizeof(float));
+    }
+}
 
 /* R rows (a constant after inlining, so the accumulators stay in registers) times one panel */
 static inline __attribute__((always_inline)) void tile(const int R, int64_t K, const float *x, int64_t ldx,
@@ -47,15 +95,43 @@ static inline __attribute__((always_inline)) void tile(const int R, int64_t K, c
             hi[r] += w1 * xr;
         }
     }
-    float sums[PANEL];
-    for (int r = 0; r < R; r++) {
-        memcpy(sums, &lo[r], sizeof lo[r]);
-        memcpy(sums + VL, &hi[r], sizeof hi[r]);
-        float *out = y + r * ldy;
-        if (bias)
-            for (int64_t c = 0; c < cols; c++) out[c] = sums[c] + bias[c];
-        else
-            memcpy(out, sums, cols * sizeof(float));
+    store_rows(R, lo, hi, bias, y, ldy, cols);
+}
+
+/* the same for a q4 panel: codes [K][VL] bytes (byte j: column j in its low nibble, column VL + j in its high one),
+   scales [K / GROUP][d of the PANEL columns, m of the PANEL columns] */
+static inline __attribute__((always_inline)) void q4_tile(const int R, int64_t K, const float *x, int64_t ldx,
+                                                          const uint8_t *codes, const float *scales,
+                                                          const float *bias, float *y, int64_t ldy, int64_t cols) {
+    vf lo[ROWS], hi[ROWS];
+    for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *s = scales + g * 2 * PANEL;
+        vf d0 = loadv(s), d1 = loadv(s + VL), m0 = loadv(s + PANEL), m1 = loadv(s + PANEL + VL);
+        for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
+            vf q0, q1;
+            codes_of(codes + k * VL, &q0, &q1);
+            vf w0 = q0 * d0 + m0, w1 = q1 * d1 + m1;
+            for (int r = 0; r < R; r++) {
+                float xr = x[r * ldx + k];
+                lo[r] += w0 * xr;
+                hi[r] += w1 * xr;
+            }
+        }
+    }
+    store_rows(R, lo, hi, bias, y, ldy, cols);
+}
+
+static void rows_times_q4_panel(int R, int64_t K, const float *x, int64_t ldx, const uint8_t *codes,
+                                const float *scales, const float *bias, float *y, int64_t ldy, int64_t cols) {
+    switch (R) {
+#define CASE(n) \
+    case n: q4_tile(n, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
+        CASE(1) CASE(2) CASE(3) CASE(4)
+#if ROWS > 4
+        CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+#endif
+#undef CASE
     }
 }
 
@@ -86,5 +162,48 @@ void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
             rows_times_panel(R, K, x + m * ldx, ldx, panels + p * K * PANEL, bias ? bias + first : 0,
                              y + m * ldy + first, ldy, cols);
         }
+    }
+}
+
+/* panel_linear's product from q4 panels (as packed by kernels/native_linear.py; K a multiple of GROUP). Rows that fit
+   one tile rebuild the weights in registers as they go; more rows would rebuild them once per tile, so each panel is
+   rebuilt once into a buffer of the thread (fp32, the panel layout) and multiplied as an fp32 panel. */
+void q4_panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *codes,
+                     const float *scales, const float *bias, float *y, int64_t ldy, int64_t threads) {
+    int64_t count = (N + PANEL - 1) / PANEL;
+    if (M <= ROWS) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t p = 0; p < count; p++) {
+            int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
+            rows_times_q4_panel((int)M, K, x, ldx, codes + p * K * VL, scales + p * (K / GROUP) * 2 * PANEL,
+                                bias ? bias + first : 0, y + first, ldy, cols);
+        }
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        float *w = malloc(K * PANEL * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < count; p++) {
+            int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
+            const uint8_t *c = codes + p * K * VL;
+            const float *s = scales + p * (K / GROUP) * 2 * PANEL;
+            for (int64_t g = 0; g < K / GROUP; g++) {
+                vf d0 = loadv(s + g * 2 * PANEL), d1 = loadv(s + g * 2 * PANEL + VL);
+                vf m0 = loadv(s + g * 2 * PANEL + PANEL), m1 = loadv(s + g * 2 * PANEL + PANEL + VL);
+                for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
+                    vf q0, q1;
+                    codes_of(c + k * VL, &q0, &q1);
+                    vf w0 = q0 * d0 + m0, w1 = q1 * d1 + m1;
+                    memcpy(w + k * PANEL, &w0, sizeof w0);
+                    memcpy(w + k * PANEL + VL, &w1, sizeof w1);
+                }
+            }
+            for (int64_t m = 0; m < M; m += ROWS) {
+                int R = M - m < ROWS ? (int)(M - m) : ROWS;
+                rows_times_panel(R, K, x + m * ldx, ldx, w, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
+            }
+        }
+        free(w);
     }
 }
