@@ -33,14 +33,14 @@ from .packed import (
     LINEAR_PATHS,
     apply,
     available,
+    coded_bits,
     drop_derived,
     forget_routes,
-    has_q4_form,
     prepare,
 )
 from .settings import cache_dir, host_cpu
 
-VERSION = 5  # bump when what is measured changes: older cache entries are then ignored
+VERSION = 6  # bump when what is measured changes: older cache entries are then ignored
 # 1 + draft length for single requests (up to 17), and the flat batches of a batched engine
 BUCKETS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 64, 128, 256)
 # the output head is one huge layer per model: its bf16 argmax variants are timed at fewer row counts
@@ -51,7 +51,7 @@ PASS_S = 3e-3  # one timed pass cycles through layers of a shape for about this 
 ROUNDS, MAX_ROUNDS = 3, 8  # interleaved rounds per row count (more while the best times still drop)
 BUDGET_S = 2.0  # per shape: past half of it no extra rounds, past all of it a single round per row count
 BIG_S = 8e-3  # a call slower than this is timed on a slice of the weight's rows (still past the caches)
-FP32_PATHS = tuple(p for p in LINEAR_PATHS if p != "native-q4")  # for weights without an exact 4-bit form
+FP32_PATHS = tuple(p for p in LINEAR_PATHS if p != "native-q")  # for weights without exact codes
 _memory: dict[str, dict] = {}
 _disk: dict | None = None
 
@@ -117,12 +117,12 @@ def assign_plans(modules: list[torch.nn.Linear]) -> None:
     """Give every installed linear layer the plan measured for its shape and dtype (the output head marked by
     install_argmax_head also gets the argmax variants); measures what neither memory nor disk cache holds."""
     groups: dict[tuple, list] = defaultdict(list)
-    for m in modules:  # weights with an exact 4-bit form are timed apart: their "native-q4" path reads fewer bytes
-        groups[(m.out_features, m.in_features, m.weight.dtype, has_q4_form(m))].append(m)
+    for m in modules:  # weights with exact codes are timed apart: their "native-q" path reads fewer bytes
+        groups[(m.out_features, m.in_features, m.weight.dtype, coded_bits(m))].append(m)
     fresh, plans = False, {}
-    for (out, inp, dtype, q4), mods in groups.items():
-        paths = LINEAR_PATHS if q4 else FP32_PATHS
-        family = "linear-q4" if q4 else "linear"
+    for (out, inp, dtype, bits), mods in groups.items():
+        paths = LINEAR_PATHS if bits else FP32_PATHS
+        family = f"linear-q{bits}" if bits else "linear"
         linear, new = _entry(family, out, inp, dtype, lambda: [m.weight.detach() for m in mods], paths)  # noqa: B023 - called at once, in this iteration
         fresh |= new
         for m in mods:
@@ -200,7 +200,7 @@ def _entry(family: str, out: int, inp: int, dtype: torch.dtype, weights, paths, 
     key = f"{host_key()}|{family}|{out}x{inp}|{dtype}"
     if key not in _memory:
         _load()
-    if key in _memory:
+    if key in _memory and set(_memory[key]["ms"]) <= set(paths):  # else measured with paths of another version
         return _memory[key], False
     usable = [p for p in paths if available(p, dtype)]
     quiet = _quiet()

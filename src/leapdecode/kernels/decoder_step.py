@@ -121,16 +121,17 @@ class NativeStep:
                 ):
                     return None
                 bias = None if bias is None else bias.contiguous()
-                scales = getattr(state, "scales", None)  # a Q4Panels' (fp32 Panels have none)
+                coded = getattr(state, "bits", 0)  # a CodedPanels' (fp32 Panels have no codes)
                 alive += [state, bias]
                 parts += [
                     state.data.data_ptr(),
-                    0 if scales is None else scales.data_ptr(),
+                    coded,
+                    state.scales.data_ptr() if coded else 0,
                     0 if bias is None else bias.data_ptr(),
                 ]
             norms = [n.weight.contiguous() for n in (norm_in, norm_post)]
             alive += norms
-            addresses += [norms[0].data_ptr(), *parts[:6], norms[1].data_ptr(), *parts[6:]]
+            addresses += [norms[0].data_ptr(), *parts[:8], norms[1].data_ptr(), *parts[8:]]
         return (ctypes.c_int64 * len(addresses))(*addresses), alive
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout) -> torch.Tensor | None:

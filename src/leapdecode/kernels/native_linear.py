@@ -10,10 +10,11 @@ Each output element is summed in the same order whatever the number of rows, so 
 else shares the call: a verified draft row gets the bits of a one-row step, and one sequence's rows the bits they
 get alone. The library is built once per host (kernels.native); where it cannot be, the path is not offered.
 
-A weight that is exactly a 4-bit weight widened to fp32 (every group of 32 inputs of an output row is d q + m with q
-in 0..15: a GGUF Q4_1 weight as the packaged models' loader dequantizes it) is kept in that form instead (Q4Panels):
-the kernel rebuilds each fp32 value in registers and gives the very bits of the fp32 product, reading about a sixth
-of the bytes. Only an encoding that gives every value back bit for bit is used; any other weight stays fp32.
+A weight that is exactly a quantized weight widened to fp32 is kept as its codes instead (CodedPanels): every group
+of 32 inputs of an output row is d q + m with q in 0..15 (a GGUF Q4_1 weight as the packaged models' loader
+dequantizes it) or d q with q in -128..127 (Q8_0's). The kernel rebuilds each fp32 value in registers and gives the
+very bits of the fp32 product, reading about a sixth (4-bit) or a third (8-bit) of the bytes. Only an encoding that
+gives every value back bit for bit is used; any other weight stays fp32.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _library = NativeLibrary(
     {
         "panel_width": (_i64, []),
         "panel_linear": (None, [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
-        "q4_panel_linear": (None, [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64]),
+        "coded_panel_linear": (None, [_i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64]),
     },
     lambda: True,
     "the native linear kernel",
@@ -58,42 +59,79 @@ def describe() -> str:
     return f"native panel kernel ({flags}) where calibration finds it fastest (see the kernel table)"
 
 
-GROUP = 32  # inputs per 4-bit group (csrc/panel_linear.c)
+GROUP = 32  # inputs per group of codes (csrc/panel_linear.c)
+
+
+def coded_form(weight: torch.Tensor) -> CodedPanels | None:
+    """The weight's exact codes packed for the kernel (4-bit where it has that form, else 8-bit), or None."""
+    form = q4_form(weight)
+    if form is not None:
+        return CodedPanels(4, *form)
+    form = q8_form(weight)
+    return None if form is None else CodedPanels(8, *form)
+
+
+def _fp16_near(value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The fp16 value nearest each value and its two fp16 neighbours, as fp32: the scales a group's codes may have."""
+    nearest = value.half()
+    up, down = nearest.new_full((), float("inf")), nearest.new_full((), -float("inf"))
+    return tuple(c.float() for c in (nearest, nearest.nextafter(up), nearest.nextafter(down)))
+
+
+def _codes_for(groups: torch.Tensor, candidates, low: torch.Tensor | None, top: int):
+    """Per group the first candidate scale d whose codes q = round((w - low) / d), clamped to [-top - 1 or 0, top],
+    give every w back bit for bit as d q (+ low); (codes, d) or None where some group has none."""
+    codes = torch.zeros(groups.shape, dtype=torch.int16)
+    scale = torch.zeros(groups.shape[:-1])
+    found = torch.zeros(groups.shape[:-1], dtype=torch.bool)
+    offset = 0.0 if low is None else low[..., None]
+    for d in candidates:
+        if found.all():
+            break
+        q = torch.round((groups - offset) / torch.where(d > 0, d, 1.0)[..., None])
+        q = q.clamp(0 if low is not None else -top - 1, top) + 0.0  # no -0: the kernel's codes are integers
+        same = ((d[..., None] * q + offset).view(torch.int32) == groups.view(torch.int32)).all(-1)
+        same &= torch.isfinite(d) & ~found
+        codes[same], scale[same] = q[same].to(torch.int16), d[same]
+        found |= same
+    return (codes, scale) if found.all() else None
+
+
+def _grouped(weight: torch.Tensor) -> torch.Tensor | None:
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % GROUP or weight.numel() == 0:
+        return None
+    return weight.detach().reshape(weight.shape[0], -1, GROUP)
+
+
+def q8_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(codes [out, in] int8, d [out, in / GROUP] fp32) with weight == d q bit for bit in every group of GROUP inputs,
+    d an fp16 value (GGUF Q8_0: d = max |w| / 127), or None. d is tried at the fp16 values nearest max |w| / 127 and
+    max |w| / 128, per group."""
+    if weight.shape[0] > 1 and q8_form(weight[:1]) is None:  # most weights without such a form fail on their first row
+        return None
+    groups = _grouped(weight)
+    if groups is None:
+        return None
+    with torch.no_grad():
+        top = groups.abs().amax(-1)
+        found = _codes_for(groups, _fp16_near(top / 127) + _fp16_near(top / 128), None, 127)
+    return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1])
 
 
 def q4_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(codes [out, in] uint8, d and m [out, in / GROUP] fp32) with weight == d q + m bit for bit in every group of
     GROUP inputs, d an fp16 value (so d q is exact in fp32, and a fused multiply-add rounds as a product and a sum
-    do), or None where the weight has no such form. m is the group's minimum; d is tried at the fp16 value nearest
-    (max - min) / 15 and its two fp16 neighbours, per group."""
-    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % GROUP or weight.numel() == 0:
+    do), or None where the weight has no such form. m is the group's minimum; d is tried at the fp16 values nearest
+    (max - min) / 15, per group (GGUF Q4_1)."""
+    if weight.shape[0] > 1 and q4_form(weight[:1]) is None:  # most weights without such a form fail on their first row
         return None
-    out, inp = weight.shape
-    if out > 1 and q4_form(weight[:1]) is None:  # most weights that have no such form fail on their first row
+    groups = _grouped(weight)
+    if groups is None:
         return None
     with torch.no_grad():
-        groups = weight.detach().reshape(out, inp // GROUP, GROUP)
         low = groups.amin(-1)
-        nearest = ((groups.amax(-1) - low) / 15).half()
-        codes = torch.zeros(groups.shape, dtype=torch.uint8)
-        scale = torch.zeros(low.shape)
-        found = torch.zeros(low.shape, dtype=torch.bool)
-        for candidate in (
-            nearest,
-            nearest.nextafter(nearest.new_full((), float("inf"))),
-            nearest.nextafter(nearest.new_full((), -float("inf"))),
-        ):
-            d = candidate.float()
-            if found.all():
-                break
-            q = torch.round((groups - low[..., None]) / torch.where(d > 0, d, 1.0)[..., None]).clamp(0, 15)
-            same = ((d[..., None] * q + low[..., None]).view(torch.int32) == groups.view(torch.int32)).all(-1)
-            same &= torch.isfinite(d) & ~found
-            codes[same], scale[same] = q[same].to(torch.uint8), d[same]
-            found |= same
-        if not found.all():
-            return None
-    return codes.reshape(out, inp), scale, low
+        found = _codes_for(groups, _fp16_near((groups.amax(-1) - low) / 15), low, 15)
+    return None if found is None else (found[0].to(torch.uint8).reshape(weight.shape), found[1], low)
 
 
 class Panels:
@@ -133,17 +171,19 @@ class Panels:
         return out
 
 
-class Q4Panels:
-    """A weight in its exact 4-bit form (q4_form), packed for q4_panel_linear: per panel of `width` output columns,
-    codes [in, width / 2] bytes (byte j: column j in the low nibble, column width / 2 + j in the high one) and per
-    group of GROUP inputs the columns' d then their m (fp32). Zero-padded columns are 0 q + 0."""
+class CodedPanels:
+    """A weight as its exact codes (q4_form: bits 4; q8_form: bits 8, m None), packed for coded_panel_linear: per
+    panel of `width` output columns, the codes of each input (4-bit: width / 2 bytes, byte j holding column j in the
+    low nibble and column width / 2 + j in the high one; 8-bit: width signed bytes) and per group of GROUP inputs the
+    columns' d (then, 4-bit, their m) in fp32. Zero-padded columns are 0 q + 0."""
 
     scales: torch.Tensor
 
-    def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+    def __init__(self, bits: int, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None):
         lib = library()
         if lib is None:
             raise RuntimeError("the native linear kernel is not built here")
+        self.bits = bits
         self.out_features, self.in_features = codes.shape
         width = lib.panel_width()
         count, half = -(-self.out_features // width), width // 2
@@ -154,8 +194,12 @@ class Q4Panels:
             return padded.view(count, width, t.shape[1]).transpose(1, 2)
 
         columns = by_panel(codes)
-        self.data = (columns[..., :half] | (columns[..., half:] << 4)).contiguous()
-        self.scales = torch.stack([by_panel(d), by_panel(m)], dim=2).contiguous()  # [count, in / GROUP, 2, width]
+        if bits == 4:
+            self.data = (columns[..., :half] | (columns[..., half:] << 4)).contiguous()
+            self.scales = torch.stack([by_panel(d), by_panel(m)], dim=2).contiguous()  # [count, in / GROUP, 2, width]
+        else:
+            self.data = columns.contiguous()
+            self.scales = by_panel(d).contiguous()  # [count, in / GROUP, width]
 
     def __call__(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """flat [rows, in] (fp32) @ weight^T (+ bias) -> [rows, out], the bits Panels gives for the fp32 weight."""
@@ -165,7 +209,8 @@ class Q4Panels:
             bias = bias.float().contiguous()
         rows = flat.shape[0]
         out = torch.empty(rows, self.out_features)
-        library().q4_panel_linear(
+        library().coded_panel_linear(
+            self.bits,
             rows,
             self.out_features,
             self.in_features,

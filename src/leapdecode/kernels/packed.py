@@ -1,8 +1,8 @@
 """Per-call dispatch of a model's `nn.Linear` layers to a linear path, inside leapdecode's own forwards only.
 
 Paths: "hf" (the layer's own forward, `F.linear`), "native" (an fp32 weight packed once into column panels for a
-small C kernel: kernels.native_linear), "native-q4" (the same product from the weight's exact 4-bit form, where it
-has one: the same bits from a sixth of the bytes), "packed" (a copy of the weight packed once into oneDNN's blocked layout:
+small C kernel: kernels.native_linear), "native-q" (the same product from the weight's exact 4- or 8-bit codes,
+where it has them: the same bits from a sixth or a third of the bytes), "packed" (a copy of the weight packed once into oneDNN's blocked layout:
 `F.linear` re-lays out a plain weight on every call), "packed-pad" (the same, fewer than four rows zero-padded to
 four), and for a greedy output head "argmax-bf16-packed" / "argmax-bf16-linear" (ArgmaxOutputHead). Under the "auto"
 setting each layer follows the plan calibration measured for its shape, dtype and row count on this host.
@@ -23,8 +23,8 @@ from .argmax_head import ArgmaxOutputHead, fast_bf16
 from .ops import notice, packed_matmul, packed_ops, reorder
 from .settings import _settings
 
-LINEAR_PATHS = ("hf", "native-q4", "native", "packed", "packed-pad")  # in order of preference at equal speed
-NATIVE_PATHS = ("native", "native-q4")  # the panel kernel's paths: the same bits for a row whatever the row count
+LINEAR_PATHS = ("hf", "native-q", "native", "packed", "packed-pad")  # in order of preference at equal speed
+NATIVE_PATHS = ("native", "native-q")  # the panel kernel's paths: the same bits for a row whatever the row count
 ARGMAX_PATHS = ("argmax-bf16-packed", "argmax-bf16-linear")
 MODES = ("auto",) + LINEAR_PATHS
 ARGMAX_MODES = ("auto", "on", "off")
@@ -32,7 +32,7 @@ DECODERS = ("fused", "hf")
 ATTENTIONS = ("native", "sdpa")
 ELEMENTWISE = ("native", "torch")
 STEPS = ("native", "layers")
-NATIVE_WEIGHTS = ("q4", "fp32")
+NATIVE_WEIGHTS = ("codes", "fp32")
 
 _mode = contextvars.ContextVar("leapdecode_packed_linear", default=False)
 _epoch = [0]  # bumped by forget_routes
@@ -42,7 +42,7 @@ _argmax_only = contextvars.ContextVar("leapdecode_argmax_only", default=False)
 _derived: "weakref.WeakKeyDictionary[torch.nn.Linear, dict]" = weakref.WeakKeyDictionary()
 _DERIVED_KIND = {
     "native": "native",
-    "native-q4": "native-q4",
+    "native-q": "native-q",
     "packed": "packed",
     "packed-pad": "packed",
     "argmax-bf16-packed": "argmax-packed",
@@ -66,8 +66,8 @@ def configure(
 ) -> dict:
     """Set the process's kernel choice (None leaves a setting as is); returns the previous settings.
     linear: "auto" | "hf" | "packed" | "packed-pad"; argmax_head: "auto" | "on" | "off"; decoder: "fused" | "hf";
-    attention: "native" | "sdpa"; elementwise: "native" | "torch"; step: "native" | "layers"; native_weights: "q4" |
-    "fp32" (whether "native-q4" may keep a weight in its exact 4-bit form)."""
+    attention: "native" | "sdpa"; elementwise: "native" | "torch"; step: "native" | "layers"; native_weights:
+    "codes" | "fp32" (whether "native-q" may keep a weight as its exact codes)."""
     for name, value, allowed in (
         ("linear kernels", linear, MODES),
         ("argmax_head", argmax_head, ARGMAX_MODES),
@@ -179,9 +179,8 @@ def prepare(path: str, weight: torch.Tensor):
         return weight
     if path == "native":
         return native_linear.Panels(weight)
-    if path == "native-q4":  # None where the weight has no exact 4-bit form (its calls take "native")
-        form = native_linear.q4_form(weight) if _settings["native_weights"] == "q4" else None
-        return None if form is None else native_linear.Q4Panels(*form)
+    if path == "native-q":  # None where the weight has no exact codes (its calls take "native")
+        return native_linear.coded_form(weight) if _settings["native_weights"] == "codes" else None
     if path in ("packed", "packed-pad"):
         return reorder(weight)
     return ArgmaxOutputHead(weight, packed=path == "argmax-bf16-packed")
@@ -210,8 +209,8 @@ def available(path: str, dtype: torch.dtype) -> bool:
 
 def drop_derived(module: torch.nn.Linear, keep: set[str]) -> None:
     """Free derived weights of paths the module's plan never takes (a packed copy is as large as the weight)."""
-    entries = _derived.get(module, {})  # the 4-bit form (or its absence) is kept: finding it reads the whole weight
-    for kind in [k for k in entries if k not in {_DERIVED_KIND.get(p) for p in keep} | {"native-q4"}]:
+    entries = _derived.get(module, {})  # the codes (or their absence) are kept: finding them reads the whole weight
+    for kind in [k for k in entries if k not in {_DERIVED_KIND.get(p) for p in keep} | {"native-q"}]:
         del entries[kind]
 
 
@@ -224,9 +223,12 @@ def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
     return weight.data_ptr(), (0 if weight.is_inference() else weight._version)
 
 
-def has_q4_form(module: torch.nn.Linear) -> bool:
-    """Whether the module's weight has an exact 4-bit form for "native-q4" (found once per weight and kept)."""
-    return available("native-q4", module.weight.dtype) and _state(module, "native-q4") is not None
+def coded_bits(module: torch.nn.Linear) -> int | None:
+    """4 or 8 where the module's weight has exact codes for "native-q" (found once per weight and kept), else None."""
+    if not available("native-q", module.weight.dtype):
+        return None
+    state = _state(module, "native-q")
+    return None if state is None else state.bits
 
 
 def _state(module: torch.nn.Linear, path: str):
@@ -270,7 +272,7 @@ def _route(module: torch.nn.Linear, rows: int, mode, argmax_only: bool) -> tuple
         path = chosen_path(module, rows, mode, argmax_only)
         usable = path != "hf" and not module.__dict__.get("_leapdecode_broken") and available(path, weight.dtype)
         state = _state(module, path) if usable else None
-        if path == "native-q4" and state is None and usable:  # no exact 4-bit form: the fp32 panels, same bits
+        if path == "native-q" and state is None and usable:  # no exact codes: the fp32 panels, same bits
             path, state = "native", _state(module, "native")
         route = routes[key] = (path, state, _weight_key(weight))
     return route[0], route[1]

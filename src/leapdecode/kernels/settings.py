@@ -15,8 +15,8 @@ import platform
 # LEAPDECODE_ATTENTION=sdpa); elementwise: "native" (kernels.decoder_ops for the fused decoder's norms, rotary
 # embedding and activation, where the model's layers are supported) or "torch"; step: "native" (kernels.decoder_step: a decode
 # or verification step through every layer in one native call, where all its kernels are native) or "layers";
-# native_weights: "q4" (the native linear path keeps a weight that is exactly a 4-bit weight widened to fp32 in that
-# form: same bits, a sixth of the bytes; also LEAPDECODE_NATIVE_WEIGHTS=fp32 turns it off) or "fp32";
+# native_weights: "codes" (the native linear path keeps a weight that is exactly a 4- or 8-bit weight widened to fp32
+# as those codes: same bits, a sixth or a third of the bytes; LEAPDECODE_NATIVE_WEIGHTS=fp32 turns it off) or "fp32";
 # cache_dir: where calibrations and
 # built libraries are kept (None: the user cache dir). Changed through packed.configure.
 _settings: dict = {
@@ -26,7 +26,7 @@ _settings: dict = {
     "attention": "sdpa" if os.environ.get("LEAPDECODE_ATTENTION") == "sdpa" else "native",
     "elementwise": "native",
     "step": "native",
-    "native_weights": "fp32" if os.environ.get("LEAPDECODE_NATIVE_WEIGHTS") == "fp32" else "q4",
+    "native_weights": "fp32" if os.environ.get("LEAPDECODE_NATIVE_WEIGHTS") == "fp32" else "codes",
     "cache_dir": None,
 }
 

@@ -15,18 +15,18 @@
 #include "panel_linear.c"
 #include "segment_attention.c"
 
-/* addresses per layer in `weights`: input RMSNorm weight; q/k/v panels, their q4 scales (0: fp32 panels) and bias;
-   the same for the output product; post-attention RMSNorm weight; the same for gate/up and for down (a bias is 0
-   where the layer has none) */
-enum { NORM_IN, QKV, OUT = QKV + 3, NORM_POST = OUT + 3, GATE_UP, DOWN = GATE_UP + 3, WEIGHTS = DOWN + 3 };
+/* entries per layer in `weights`: input RMSNorm weight; for the q/k/v product its panels, the bits of their codes (0:
+   fp32 panels), their scales and the bias; the same for the output product; post-attention RMSNorm weight; the same
+   for gate/up and for down (a bias or scales address is 0 where there is none) */
+enum { NORM_IN, QKV, OUT = QKV + 4, NORM_POST = OUT + 4, GATE_UP, DOWN = GATE_UP + 4, WEIGHTS = DOWN + 4 };
 
-/* y = x W^T (+ bias) for the product whose panels, q4 scales and bias are at w[at], w[at + 1], w[at + 2] */
+/* y = x W^T (+ bias) for the product whose entries start at w[at] */
 static void product(int64_t rows, int64_t n, int64_t k, const float *x, const int64_t *w, int at, float *y,
                     int64_t threads) {
-    const float *bias = (const float *)(intptr_t)w[at + 2];
+    const float *bias = (const float *)(intptr_t)w[at + 3];
     if (w[at + 1])
-        q4_panel_linear(rows, n, k, x, k, (const uint8_t *)(intptr_t)w[at], (const float *)(intptr_t)w[at + 1],
-                        bias, y, n, threads);
+        coded_panel_linear(w[at + 1], rows, n, k, x, k, (const uint8_t *)(intptr_t)w[at],
+                           (const float *)(intptr_t)w[at + 2], bias, y, n, threads);
     else
         panel_linear(rows, n, k, x, k, (const float *)(intptr_t)w[at], bias, y, n, threads);
 }

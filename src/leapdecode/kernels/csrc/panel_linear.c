@@ -8,11 +8,12 @@
    added: its bits depend on its input row and its column alone, never on how many rows share the call or how they are
    tiled. So a verified draft row gets exactly the bits of a one-row step.
 
-   q4_panel_linear computes the same products from a weight stored as 4-bit codes: each group of 32 inputs of an
-   output column holds w = d q + m (q in 0..15, d with at most 20 significant bits, so d q is exact in fp32), the form
-   of a GGUF Q4_1 weight dequantized to fp32. It rebuilds every w in registers, bit for bit (d q + m rounds once,
-   fused or not), and sums in the same order: its outputs are panel_linear's on the fp32 weight, from a sixth of the
-   bytes (kernels/native_linear.py encodes a weight only where every value comes back exactly).
+   coded_panel_linear computes the same products from a weight stored as codes: each group of 32 inputs of an output
+   column holds w = d q + m with 4-bit codes q in 0..15 (the form of a GGUF Q4_1 weight dequantized to fp32) or
+   w = d q with 8-bit codes q in -128..127 (Q8_0's), d an fp16 value, so that d q is exact in fp32. It rebuilds every w
+   in registers, bit for bit (d q + m rounds once, fused or not), and sums in the same order: its outputs are
+   panel_linear's on the fp32 weight, from a sixth (4-bit) or a third (8-bit) of the bytes
+   (kernels/native_linear.py encodes a weight only where every value comes back exactly).
    Plain C with GCC/Clang vector extensions, built per host by kernels/native.py. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,8 +36,9 @@
 
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef uint8_t vb __attribute__((vector_size(VL)));
+typedef int8_t vs __attribute__((vector_size(VL)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
-#define GROUP 32 /* inputs per q4 group */
+#define GROUP 32 /* inputs per group of codes */
 
 static inline vf loadv(const float *p) {
     vf v;
@@ -44,24 +46,62 @@ static inline vf loadv(const float *p) {
     return v;
 }
 
-/* the VL bytes at p as the codes of two vectors: low nibbles and high nibbles, as floats (GCC lowers a generic
+/* one k of a coded panel as the codes of its two vectors of columns, as floats: 4-bit codes are VL bytes (byte j:
+   column j in its low nibble, column VL + j in its high one), 8-bit codes PANEL signed bytes (GCC lowers a generic
    byte-to-float vector conversion one lane at a time, hence the intrinsics) */
-static inline void codes_of(const uint8_t *p, vf *low, vf *high) {
+static inline __attribute__((always_inline)) void codes_of(const int bits, const uint8_t *p, vf *low, vf *high) {
 #if defined(__AVX512F__)
-    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    *low = (vf)_mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15)));
-    *high = (vf)_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
+    if (bits == 4) {
+        __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+        *low = (vf)_mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15)));
+        *high = (vf)_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
+    } else {
+        *low = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+        *high = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + VL))));
+    }
 #elif defined(__AVX2__)
-    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    *low = (vf)_mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15)));
-    *high = (vf)_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
+    if (bits == 4) {
+        __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+        *low = (vf)_mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15)));
+        *high = (vf)_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
+    } else {
+        *low = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+        *high = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + VL))));
+    }
 #else
-    vb b;
-    memcpy(&b, p, sizeof b);
-    vi c = __builtin_convertvector(b, vi);
-    *low = __builtin_convertvector(c & 15, vf);
-    *high = __builtin_convertvector(c >> 4, vf);
+    if (bits == 4) {
+        vb b;
+        memcpy(&b, p, sizeof b);
+        vi c = __builtin_convertvector(b, vi);
+        *low = __builtin_convertvector(c & 15, vf);
+        *high = __builtin_convertvector(c >> 4, vf);
+    } else {
+        vs a, b;
+        memcpy(&a, p, sizeof a);
+        memcpy(&b, p + VL, sizeof b);
+        *low = __builtin_convertvector(__builtin_convertvector(a, vi), vf);
+        *high = __builtin_convertvector(__builtin_convertvector(b, vi), vf);
+    }
 #endif
+}
+
+/* bytes of codes per k of a panel, and floats of scales per group (d of the PANEL columns, then m for 4-bit codes) */
+#define CODE_BYTES(bits) ((bits) == 4 ? VL : PANEL)
+#define SCALE_FLOATS(bits) ((bits) == 4 ? 2 * PANEL : PANEL)
+
+/* the fp32 weights of k's GROUP * g .. GROUP * (g + 1) - 1 of a coded panel into w (the fp32 panel layout) */
+static inline __attribute__((always_inline)) void rebuild_group(const int bits, const uint8_t *codes,
+                                                                const float *scales, int64_t g, float *w) {
+    const float *s = scales + g * SCALE_FLOATS(bits);
+    vf d0 = loadv(s), d1 = loadv(s + VL), m0 = (vf){0}, m1 = (vf){0};
+    if (bits == 4) m0 = loadv(s + PANEL), m1 = loadv(s + PANEL + VL);
+    for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
+        vf q0, q1;
+        codes_of(bits, codes + k * CODE_BYTES(bits), &q0, &q1);
+        vf w0 = bits == 4 ? q0 * d0 + m0 : q0 * d0, w1 = bits == 4 ? q1 * d1 + m1 : q1 * d1;
+        memcpy(w + (k - g * GROUP) * PANEL, &w0, sizeof w0);
+        memcpy(w + (k - g * GROUP) * PANEL + VL, &w1, sizeof w1);
+    }
 }
 
 int64_t panel_width(void) { return PANEL; }
@@ -98,20 +138,20 @@ static inline __attribute__((always_inline)) void tile(const int R, int64_t K, c
     store_rows(R, lo, hi, bias, y, ldy, cols);
 }
 
-/* the same for a q4 panel: codes [K][VL] bytes (byte j: column j in its low nibble, column VL + j in its high one),
-   scales [K / GROUP][d of the PANEL columns, m of the PANEL columns] */
-static inline __attribute__((always_inline)) void q4_tile(const int R, int64_t K, const float *x, int64_t ldx,
-                                                          const uint8_t *codes, const float *scales,
-                                                          const float *bias, float *y, int64_t ldy, int64_t cols) {
+/* the same for a coded panel, each weight rebuilt in registers as the sum reaches it */
+static inline __attribute__((always_inline)) void coded_tile(const int bits, const int R, int64_t K, const float *x,
+                                                             int64_t ldx, const uint8_t *codes, const float *scales,
+                                                             const float *bias, float *y, int64_t ldy, int64_t cols) {
     vf lo[ROWS], hi[ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
     for (int64_t g = 0; g < K / GROUP; g++) {
-        const float *s = scales + g * 2 * PANEL;
-        vf d0 = loadv(s), d1 = loadv(s + VL), m0 = loadv(s + PANEL), m1 = loadv(s + PANEL + VL);
+        const float *s = scales + g * SCALE_FLOATS(bits);
+        vf d0 = loadv(s), d1 = loadv(s + VL), m0 = (vf){0}, m1 = (vf){0};
+        if (bits == 4) m0 = loadv(s + PANEL), m1 = loadv(s + PANEL + VL);
         for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
             vf q0, q1;
-            codes_of(codes + k * VL, &q0, &q1);
-            vf w0 = q0 * d0 + m0, w1 = q1 * d1 + m1;
+            codes_of(bits, codes + k * CODE_BYTES(bits), &q0, &q1);
+            vf w0 = bits == 4 ? q0 * d0 + m0 : q0 * d0, w1 = bits == 4 ? q1 * d1 + m1 : q1 * d1;
             for (int r = 0; r < R; r++) {
                 float xr = x[r * ldx + k];
                 lo[r] += w0 * xr;
@@ -122,11 +162,12 @@ static inline __attribute__((always_inline)) void q4_tile(const int R, int64_t K
     store_rows(R, lo, hi, bias, y, ldy, cols);
 }
 
-static void rows_times_q4_panel(int R, int64_t K, const float *x, int64_t ldx, const uint8_t *codes,
-                                const float *scales, const float *bias, float *y, int64_t ldy, int64_t cols) {
-    switch (R) {
+static void rows_times_coded_panel(int bits, int R, int64_t K, const float *x, int64_t ldx, const uint8_t *codes,
+                                   const float *scales, const float *bias, float *y, int64_t ldy, int64_t cols) {
+    switch (R + 100 * (bits == 8)) {
 #define CASE(n) \
-    case n: q4_tile(n, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
+    case n: coded_tile(4, n, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 100: coded_tile(8, n, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
         CASE(1) CASE(2) CASE(3) CASE(4)
 #if ROWS > 4
         CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
@@ -165,18 +206,19 @@ void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
     }
 }
 
-/* panel_linear's product from q4 panels (as packed by kernels/native_linear.py; K a multiple of GROUP). Rows that fit
-   one tile rebuild the weights in registers as they go; more rows would rebuild them once per tile, so each panel is
-   rebuilt once into a buffer of the thread (fp32, the panel layout) and multiplied as an fp32 panel. */
-void q4_panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *codes,
-                     const float *scales, const float *bias, float *y, int64_t ldy, int64_t threads) {
-    int64_t count = (N + PANEL - 1) / PANEL;
+/* panel_linear's product from coded panels of `bits`-bit codes (as packed by kernels/native_linear.py; K a multiple of
+   GROUP). Rows that fit one tile rebuild the weights group by group as they go; more rows would rebuild them once per
+   tile, so each panel is rebuilt once into a buffer of the thread and multiplied as an fp32 panel. */
+void coded_panel_linear(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
+                        const uint8_t *codes, const float *scales, const float *bias, float *y, int64_t ldy,
+                        int64_t threads) {
+    int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits), scale_floats = K / GROUP * SCALE_FLOATS(bits);
     if (M <= ROWS) {
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t p = 0; p < count; p++) {
             int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-            rows_times_q4_panel((int)M, K, x, ldx, codes + p * K * VL, scales + p * (K / GROUP) * 2 * PANEL,
-                                bias ? bias + first : 0, y + first, ldy, cols);
+            rows_times_coded_panel((int)bits, (int)M, K, x, ldx, codes + p * code_bytes, scales + p * scale_floats,
+                                   bias ? bias + first : 0, y + first, ldy, cols);
         }
         return;
     }
@@ -186,19 +228,11 @@ void q4_panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ld
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < count; p++) {
             int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-            const uint8_t *c = codes + p * K * VL;
-            const float *s = scales + p * (K / GROUP) * 2 * PANEL;
-            for (int64_t g = 0; g < K / GROUP; g++) {
-                vf d0 = loadv(s + g * 2 * PANEL), d1 = loadv(s + g * 2 * PANEL + VL);
-                vf m0 = loadv(s + g * 2 * PANEL + PANEL), m1 = loadv(s + g * 2 * PANEL + PANEL + VL);
-                for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
-                    vf q0, q1;
-                    codes_of(c + k * VL, &q0, &q1);
-                    vf w0 = q0 * d0 + m0, w1 = q1 * d1 + m1;
-                    memcpy(w + k * PANEL, &w0, sizeof w0);
-                    memcpy(w + k * PANEL + VL, &w1, sizeof w1);
-                }
-            }
+            for (int64_t g = 0; g < K / GROUP; g++)
+                if (bits == 4)
+                    rebuild_group(4, codes + p * code_bytes, scales + p * scale_floats, g, w + g * GROUP * PANEL);
+                else
+                    rebuild_group(8, codes + p * code_bytes, scales + p * scale_floats, g, w + g * GROUP * PANEL);
             for (int64_t m = 0; m < M; m += ROWS) {
                 int R = M - m < ROWS ? (int)(M - m) : ROWS;
                 rows_times_panel(R, K, x + m * ldx, ldx, w, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
