@@ -1,6 +1,7 @@
 """Kernel choice: every linear path gives the same greedy tokens, calibration picks the fastest path per shape and
 row count and caches it per host, and missing or failing oneDNN ops fall back to F.linear with a one-line notice."""
 
+import json
 import logging
 import os
 import subprocess
@@ -118,6 +119,22 @@ def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, m
     finally:
         torch.set_num_threads(threads)
     assert len(measured) == len(shapes) + 1  # every shape, and the head's argmax variants
+
+
+def test_a_cached_entry_measured_with_paths_of_another_version_is_measured_again(private_cache, monkeypatch):
+    Runner(tiny_model("llama", seed=12, vocab=97))
+    cached = json.loads(kernels.cache_file().read_text())
+    for entry in cached.values():
+        if "ms" in entry and "native" in entry["ms"]:
+            entry["ms"]["native-old"] = entry["ms"].pop("native")  # a path this version does not have
+    kernels.cache_file().write_text(json.dumps(cached))
+    measured = []
+    real = calibrate._measure
+    monkeypatch.setattr(calibrate, "_measure", lambda *a: measured.append(a[0][0].shape) or real(*a))
+    calibrate.forget()
+    runner = Runner(tiny_model("llama", seed=13, vocab=97))
+    runner.prefill([1, 2, 3])  # routes work: no unknown path is taken
+    assert measured
 
 
 def test_a_model_set_up_again_keeps_its_routes_and_native_step_tables():

@@ -73,9 +73,10 @@ def prepare_model(model: torch.nn.Module, packed_weights: bool) -> FusedDecoder 
     decoder forward to run the model with, or None for the model's own forward."""
     if not packed_weights:
         return None
+    fused = fused_decoder(model)  # first: fusing moves the q/k/v and gate/up weights, which installing reads
     install_packed_linear(model)
     install_argmax_head(model)
-    return fused_decoder(model)
+    return fused
 
 
 @contextlib.contextmanager

@@ -117,6 +117,8 @@ class FusedDecoder(torch.nn.Module):
         self.gate_up = torch.nn.ModuleList(_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers)
         self.splits = [(layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features) for layer in layers]
         self._parts = self._projections()  # what was fused: a model whose layers are replaced since needs a new one
+        for part in self._parts:
+            part._leapdecode_fused_part = True  # its weight is a slice of a fused one (packed.coded_bits)
         # q4 models keep torch's operations: their bf16 products turn HF's last-bit differences into near-ties
         self.native_elementwise = type(self.qkv[0]) is not Q4Linear and decoder_ops.supports(model)
         install_packed_linear(self)

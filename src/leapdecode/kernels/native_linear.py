@@ -80,21 +80,24 @@ def _fp16_near(value: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def _codes_for(groups: torch.Tensor, candidates, low: torch.Tensor | None, top: int):
     """Per group the first candidate scale d whose codes q = round((w - low) / d), clamped to [-top - 1 or 0, top],
-    give every w back bit for bit as d q (+ low); (codes, d) or None where some group has none."""
-    codes = torch.zeros(groups.shape, dtype=torch.int16)
-    scale = torch.zeros(groups.shape[:-1])
-    found = torch.zeros(groups.shape[:-1], dtype=torch.bool)
-    offset = 0.0 if low is None else low[..., None]
-    for d in candidates:
-        if found.all():
-            break
-        q = torch.round((groups - offset) / torch.where(d > 0, d, 1.0)[..., None])
-        q = q.clamp(0 if low is not None else -top - 1, top) + 0.0  # no -0: the kernel's codes are integers
-        same = ((d[..., None] * q + offset).view(torch.int32) == groups.view(torch.int32)).all(-1)
-        same &= torch.isfinite(d) & ~found
-        codes[same], scale[same] = q[same].to(torch.int16), d[same]
-        found |= same
-    return (codes, scale) if found.all() else None
+    give every w back bit for bit as d q (+ low); (codes, d) or None where some group has none. Each candidate after
+    the first is tried only on the groups still without codes."""
+    flat = groups.reshape(-1, GROUP)
+    offset = torch.zeros(flat.shape[0]) if low is None else low.reshape(-1)
+    codes, scale = torch.empty(flat.shape, dtype=torch.int16), torch.empty(flat.shape[0])
+    todo = None  # every group
+    for candidate in candidates:
+        d = candidate.reshape(-1) if todo is None else candidate.reshape(-1)[todo]
+        w, o = (flat, offset) if todo is None else (flat[todo], offset[todo])
+        q = torch.round((w - o[:, None]) / torch.where(d > 0, d, 1.0)[:, None])
+        q = q.clamp_(0 if low is not None else -top - 1, top).add_(0.0)  # no -0: the kernel's codes are integers
+        same = ((d[:, None] * q + o[:, None]).view(torch.int32) == w.view(torch.int32)).all(-1) & torch.isfinite(d)
+        hit = same.nonzero().squeeze(1) if todo is None else todo[same]
+        codes[hit], scale[hit] = q[same].to(torch.int16), d[same]
+        todo = (~same).nonzero().squeeze(1) if todo is None else todo[~same]
+        if todo.numel() == 0:
+            return codes.reshape(groups.shape), scale.reshape(groups.shape[:-1])
+    return None
 
 
 def _grouped(weight: torch.Tensor) -> torch.Tensor | None:
