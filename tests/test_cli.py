@@ -62,12 +62,21 @@ def test_generate_json(capsys, tiny_dir):
     assert 1 <= result["new_tokens"] == len(result["token_ids"]) <= 12
 
 
-def test_generate_streams_text(capsys, tiny_dir):
+def test_generate_streams_text(capsys, tiny_dir, monkeypatch):
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich draws its progress line as on a terminal
     code, out, err = run_cli(
         capsys, "generate", "hello world", "--model", tiny_dir, "--max-new-tokens", "5", "--drafter", "ngram"
     )
     assert code == 0
     assert "tok/s" in err and "forward passes" in err
+    assert "kernels (once)" in err  # the one-off warm-up before the first token is shown, not silent
+
+
+def test_generate_json_prints_only_json(capsys, tiny_dir, monkeypatch):
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    code, out, err = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--json", "--max-new-tokens", "3")
+    assert code == 0 and json.loads(out)["new_tokens"] >= 1
+    assert "kernels (once)" not in err
 
 
 def test_draft_model_with_same_tokenizer_runs(capsys, tiny_dir):

@@ -71,6 +71,8 @@ def run_generate(args) -> int:
     require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     target = resolve_model(args.model, dtype=args.dtype)
+    if not args.hf_kernels:
+        prepare_kernels(target, quiet=args.json)
     press = None
     if args.kv_press:
         from .kv import make_press
@@ -110,6 +112,18 @@ def run_generate(args) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def prepare_kernels(target, quiet: bool = False) -> None:
+    """The one-off work before a model's first token in a process (kernels measured for this host, or read from the
+    disk cache; weights with exact 4/8-bit codes encoded), behind a progress line so that the wait is explained."""
+    from rich.console import Console
+
+    from .forward import prepare_model
+
+    # a transient line on a terminal, nothing elsewhere: an error after it is still the only line printed
+    with Console(stderr=True, quiet=quiet).status(f"preparing {target.name} for this host's kernels (once) …"):
+        prepare_model(target.model, packed_weights=True)
 
 
 def _tensor(ids):
