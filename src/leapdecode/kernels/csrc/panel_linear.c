@@ -27,7 +27,7 @@
 #define ROWS 12 /* 2 x 12 accumulators of 32 registers */
 #elif defined(__AVX2__)
 #define VL 8
-#define ROWS 4 /* 2 x 4 accumulators of 16 registers */
+#define ROWS 6 /* 2 x 6 accumulators of 16 registers */
 #else
 #define VL 4
 #define ROWS 4
@@ -170,7 +170,10 @@ static void rows_times_coded_panel(int bits, int R, int64_t K, const float *x, i
     case n + 100: coded_tile(8, n, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
         CASE(1) CASE(2) CASE(3) CASE(4)
 #if ROWS > 4
-        CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+        CASE(5) CASE(6)
+#endif
+#if ROWS > 6
+        CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
 #endif
 #undef CASE
     }
@@ -183,7 +186,10 @@ static void rows_times_panel(int R, int64_t K, const float *x, int64_t ldx, cons
     case n: tile(n, K, x, ldx, w, bias, y, ldy, cols); break;
         CASE(1) CASE(2) CASE(3) CASE(4)
 #if ROWS > 4
-        CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+        CASE(5) CASE(6)
+#endif
+#if ROWS > 6
+        CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
 #endif
 #undef CASE
     }

@@ -19,6 +19,39 @@
 
 #include "lanes.h"
 
+/* The loops below work in the widest vector the host's registers hold (NL floats): GCC lowers 16-float vectors
+   through the stack where registers hold 8 (a scalar splat or an accumulator spilled each key). Every lane does the
+   arithmetic it did in 16-float lanes, and a dot product's two 8-lane halves are summed by sum16's tree, so the bits
+   are those of the 16-lane code on every host. */
+#if defined(__AVX512F__)
+#define NL 16
+typedef v16 vn;
+#else
+#define NL 8
+typedef float vn __attribute__((vector_size(32)));
+#endif
+
+static inline vn loadn(const float *p) {
+    vn x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+/* sum16 of the 16 lanes held as LANES / NL native vectors */
+static inline float sum_lanes(const vn *d) {
+#if NL == 16
+    return sum16(d[0]);
+#else
+    typedef float v4 __attribute__((vector_size(16)));
+    vn a = d[0] + d[1];
+    v4 lo, hi;
+    memcpy(&lo, &a, sizeof lo);
+    memcpy(&hi, (const float *)&a + 4, sizeof hi);
+    v4 b = lo + hi;
+    return (b[0] + b[2]) + (b[1] + b[3]);
+#endif
+}
+
 /* One sequence's new rows for one query head, over keys and values [span, D] (rows D apart, D a multiple of 16 up
    to 256). Per row: scores over its keys, softmax, the weighted sum of values. Every sum runs over the row's own
    keys in a fixed order that depends only on how many it sees: its bits do not depend on the other rows. scores
@@ -27,17 +60,18 @@ static inline __attribute__((always_inline)) void rows_of_head(const float *qh, 
                                                                const float *vb, int64_t n, int64_t past, int64_t D,
                                                                float scale, float *scores, float *out,
                                                                int64_t out_row) {
-    int64_t chunks = D / LANES;
-    v16 q[16], acc[16];
+    const int64_t parts = LANES / NL, vectors = D / NL; /* native vectors per 16 lanes, per row of D */
+    vn q[256 / NL], acc[256 / NL];
     for (int64_t i = 0; i < n; i++) {
         const float *qi = qh + i * q_row;
-        for (int64_t c = 0; c < chunks; c++) q[c] = load16(qi + LANES * c);
+        for (int64_t c = 0; c < vectors; c++) q[c] = loadn(qi + NL * c);
         int64_t length = past + i + 1, blocks = (length + LANES - 1) / LANES; /* row i sees keys 0 .. past + i */
         for (int64_t j = 0; j < length; j++) {
             const float *kj = kb + j * D;
-            v16 dot = q[0] * load16(kj);
-            for (int64_t c = 1; c < chunks; c++) dot += q[c] * load16(kj + LANES * c);
-            scores[j] = sum16(dot) * scale;
+            vn dot[LANES / NL];
+            for (int64_t h = 0; h < parts; h++) dot[h] = q[h] * loadn(kj + NL * h);
+            for (int64_t c = parts; c < vectors; c++) dot[c % parts] += q[c] * loadn(kj + NL * c);
+            scores[j] = sum_lanes(dot) * scale;
         }
         for (int64_t j = length; j < blocks * LANES; j++) scores[j] = -INFINITY;
         v16 top = load16(scores), total = (v16){0};
@@ -50,15 +84,16 @@ static inline __attribute__((always_inline)) void rows_of_head(const float *qh, 
             memcpy(scores + LANES * b, &valid, sizeof valid);
             total += valid;
         }
-        for (int64_t c = 0; c < chunks; c++) acc[c] = (v16){0};
+        for (int64_t c = 0; c < vectors; c++) acc[c] = (vn){0};
         for (int64_t j = 0; j < length; j++) {
             const float *vj = vb + j * D;
-            for (int64_t c = 0; c < chunks; c++) acc[c] += scores[j] * load16(vj + LANES * c);
+            float weight = scores[j];
+            for (int64_t c = 0; c < vectors; c++) acc[c] += weight * loadn(vj + NL * c);
         }
         float inverse = 1.0f / sum16(total);
-        for (int64_t c = 0; c < chunks; c++) {
-            v16 o = acc[c] * inverse;
-            memcpy(out + i * out_row + LANES * c, &o, sizeof o);
+        for (int64_t c = 0; c < vectors; c++) {
+            vn o = acc[c] * inverse;
+            memcpy(out + i * out_row + NL * c, &o, sizeof o);
         }
     }
 }
