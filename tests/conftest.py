@@ -58,6 +58,16 @@ def noisy_copy(model: torch.nn.Module, seed: int, noise: float) -> torch.nn.Modu
 
 
 @pytest.fixture
+def native_linear_lib():
+    """The native linear kernel's library, or a skip naming why it is unavailable here."""
+    from leapdecode.kernels import native_linear
+
+    if native_linear.library() is None:
+        pytest.skip(f"native linear kernel unavailable here: {native_linear.why_not()}")
+    return native_linear.library()
+
+
+@pytest.fixture
 def private_calibration(tmp_path, monkeypatch):
     """Kernel calibrations into a cache dir of the test's own, from an empty memory, as on a quiet machine (the kernel
     tests use it for every test)."""

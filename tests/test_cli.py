@@ -69,7 +69,7 @@ def test_generate_streams_text(capsys, tiny_dir, monkeypatch):
     )
     assert code == 0
     assert "tok/s" in err and "forward passes" in err
-    assert "kernels (once)" in err  # the one-off warm-up before the first token is shown, not silent
+    assert "kernels (once)" in err  # the one-off preparation before the first token is shown, not silent
 
 
 def test_generate_json_prints_only_json(capsys, tiny_dir, monkeypatch):

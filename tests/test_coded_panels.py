@@ -13,16 +13,14 @@ import torch
 from conftest import tiny_model
 
 from leapdecode import kernels
-from leapdecode.kernels import decoder_step, native_linear, packed
+from leapdecode.kernels import decoder_step, packed
 from leapdecode.kernels.native_linear import GROUP, CodedPanels, Panels, coded_form, q4_form, q8_form
 from leapdecode.runner import Runner
 
 
 @pytest.fixture
-def lib():
-    if native_linear.library() is None:
-        pytest.skip(f"native linear kernel unavailable here: {native_linear.why_not()}")
-    return native_linear.library()
+def lib(native_linear_lib):
+    return native_linear_lib
 
 
 @pytest.fixture(autouse=True)

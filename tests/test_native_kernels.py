@@ -19,10 +19,8 @@ from leapdecode.runner import Runner
 
 
 @pytest.fixture
-def lib():
-    if native_linear.library() is None:
-        pytest.skip(f"native linear kernel unavailable here: {native_linear.why_not()}")
-    return native_linear.library()
+def lib(native_linear_lib):
+    return native_linear_lib
 
 
 @pytest.fixture(autouse=True)

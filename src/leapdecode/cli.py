@@ -63,23 +63,53 @@ def _press_names() -> str:
 
 
 def run_generate(args) -> int:
+    from rich.console import Console
     from transformers import TextStreamer
 
-    from .api import generate
     from .models import resolve_model
 
     require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     target = resolve_model(args.model, dtype=args.dtype)
-    if not args.hf_kernels:
-        prepare_kernels(target, quiet=args.json)
     press = None
     if args.kv_press:
         from .kv import make_press
 
         press = make_press(args.kv_press, budget=args.kv_budget)
     streamer = None if args.json else TextStreamer(target.tokenizer, skip_special_tokens=True)
-    result = generate(
+    # the one-off work before the first token (kernels measured once per host, weights encoded once per process) as a
+    # transient line on a terminal, gone at the first token or an error (which then stays the only line printed)
+    waiting = Console(stderr=True, quiet=args.json).status(
+        f"{target.name}: preparing kernels (once), then the first token …"
+    )
+    waiting.start()
+
+    def stream(ids):
+        waiting.stop()
+        streamer.put(_tensor(ids))
+
+    try:
+        result = _generate(args, target, prompt, press, None if streamer is None else stream)
+    finally:
+        waiting.stop()
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    streamer.end()
+    s = result.stats
+    print(
+        f"[{result.model} · {result.drafter}] {s.new_tokens} tokens in {s.total_time:.2f} s = "
+        f"{s.tokens_per_second:.1f} tok/s · {s.forward_passes} forward passes · "
+        f"{s.mean_accepted_tokens:.2f} tokens/forward · first token {s.time_to_first_token * 1000:.0f} ms",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _generate(args, target, prompt, press, stream):
+    from .api import generate
+
+    return generate(
         target,
         prompt,
         drafter=args.drafter,
@@ -98,32 +128,8 @@ def run_generate(args) -> int:
         kv_press=press,
         packed_weights=not args.hf_kernels,
         drafter_options={"head": args.head} if args.head else None,
-        stream=None if streamer is None else lambda ids: streamer.put(_tensor(ids)),
+        stream=stream,
     )
-    if args.json:
-        print(json.dumps(result.as_dict()))
-        return 0
-    streamer.end()
-    s = result.stats
-    print(
-        f"[{result.model} · {result.drafter}] {s.new_tokens} tokens in {s.total_time:.2f} s = "
-        f"{s.tokens_per_second:.1f} tok/s · {s.forward_passes} forward passes · "
-        f"{s.mean_accepted_tokens:.2f} tokens/forward · first token {s.time_to_first_token * 1000:.0f} ms",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def prepare_kernels(target, quiet: bool = False) -> None:
-    """The one-off work before a model's first token in a process (kernels measured for this host, or read from the
-    disk cache; weights with exact 4/8-bit codes encoded), behind a progress line so that the wait is explained."""
-    from rich.console import Console
-
-    from .forward import prepare_model
-
-    # a transient line on a terminal, nothing elsewhere: an error after it is still the only line printed
-    with Console(stderr=True, quiet=quiet).status(f"preparing {target.name} for this host's kernels (once) …"):
-        prepare_model(target.model, packed_weights=True)
 
 
 def _tensor(ids):

@@ -153,25 +153,7 @@ class Panels:
 
     def __call__(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """flat [rows, in] (fp32) @ weight^T (+ bias) -> [rows, out]."""
-        if flat.stride(-1) != 1 or flat.dtype != torch.float32:
-            flat = flat.float().contiguous()
-        if bias is not None:
-            bias = bias.float().contiguous()
-        rows = flat.shape[0]
-        out = torch.empty(rows, self.out_features)
-        library().panel_linear(
-            rows,
-            self.out_features,
-            self.in_features,
-            flat.data_ptr(),
-            flat.stride(0),
-            self.data.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            self.out_features,
-            torch.get_num_threads(),
-        )
-        return out
+        return _product(library().panel_linear, (), self.out_features, (self.data.data_ptr(),), flat, bias)
 
 
 class CodedPanels:
@@ -206,24 +188,30 @@ class CodedPanels:
 
     def __call__(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """flat [rows, in] (fp32) @ weight^T (+ bias) -> [rows, out], the bits Panels gives for the fp32 weight."""
-        if flat.stride(-1) != 1 or flat.dtype != torch.float32:
-            flat = flat.float().contiguous()
-        if bias is not None:
-            bias = bias.float().contiguous()
-        rows = flat.shape[0]
-        out = torch.empty(rows, self.out_features)
-        library().coded_panel_linear(
-            self.bits,
-            rows,
-            self.out_features,
-            self.in_features,
-            flat.data_ptr(),
-            flat.stride(0),
-            self.data.data_ptr(),
-            self.scales.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            self.out_features,
-            torch.get_num_threads(),
-        )
-        return out
+        weights = (self.data.data_ptr(), self.scales.data_ptr())
+        return _product(library().coded_panel_linear, (self.bits,), self.out_features, weights, flat, bias)
+
+
+def _product(kernel, leading: tuple, out_features: int, weights: tuple, flat: torch.Tensor, bias) -> torch.Tensor:
+    """flat [rows, in] through a panel kernel taking (*leading, rows, out, in, x, ldx, *weights, bias, y, ldy,
+    threads)."""
+    if flat.stride(-1) != 1 or flat.dtype != torch.float32:
+        flat = flat.float().contiguous()
+    if bias is not None:
+        bias = bias.float().contiguous()
+    rows, inputs = flat.shape
+    out = torch.empty(rows, out_features)
+    kernel(
+        *leading,
+        rows,
+        out_features,
+        inputs,
+        flat.data_ptr(),
+        flat.stride(0),
+        *weights,
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        out_features,
+        torch.get_num_threads(),
+    )
+    return out

@@ -34,6 +34,15 @@
 #endif
 #define PANEL (2 * VL)
 
+/* the row counts a tile takes (1 .. ROWS), for the switches that give each its own inlined tile */
+#if ROWS == 12
+#define EACH_ROW_COUNT(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+#elif ROWS == 6
+#define EACH_ROW_COUNT(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#else
+#define EACH_ROW_COUNT(CASE) CASE(1) CASE(2) CASE(3) CASE(4)
+#endif
+
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef uint8_t vb __attribute__((vector_size(VL)));
 typedef int8_t vs __attribute__((vector_size(VL)));
@@ -168,13 +177,7 @@ static void rows_times_coded_panel(int bits, int R, int64_t K, const float *x, i
 #define CASE(n) \
     case n: coded_tile(4, n, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 100: coded_tile(8, n, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
-        CASE(1) CASE(2) CASE(3) CASE(4)
-#if ROWS > 4
-        CASE(5) CASE(6)
-#endif
-#if ROWS > 6
-        CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
-#endif
+        EACH_ROW_COUNT(CASE)
 #undef CASE
     }
 }
@@ -184,13 +187,7 @@ static void rows_times_panel(int R, int64_t K, const float *x, int64_t ldx, cons
     switch (R) {
 #define CASE(n) \
     case n: tile(n, K, x, ldx, w, bias, y, ldy, cols); break;
-        CASE(1) CASE(2) CASE(3) CASE(4)
-#if ROWS > 4
-        CASE(5) CASE(6)
-#endif
-#if ROWS > 6
-        CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
-#endif
+        EACH_ROW_COUNT(CASE)
 #undef CASE
     }
 }
