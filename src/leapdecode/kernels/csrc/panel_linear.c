@@ -98,16 +98,34 @@ static inline __attribute__((always_inline)) void codes_of(const int bits, const
 #define CODE_BYTES(bits) ((bits) == 4 ? VL : PANEL)
 #define SCALE_FLOATS(bits) ((bits) == 4 ? 2 * PANEL : PANEL)
 
+/* a group's scales of a coded panel: d of the two vectors of columns, and m (zero for 8-bit codes) */
+typedef struct {
+    vf d0, d1, m0, m1;
+} group_scales;
+
+static inline __attribute__((always_inline)) group_scales scales_of(const int bits, const float *scales, int64_t g) {
+    const float *s = scales + g * SCALE_FLOATS(bits);
+    group_scales c = {loadv(s), loadv(s + VL), (vf){0}, (vf){0}};
+    if (bits == 4) c.m0 = loadv(s + PANEL), c.m1 = loadv(s + PANEL + VL);
+    return c;
+}
+
+/* the fp32 weights of input k of a coded panel (its two vectors of columns), exactly: d q + m rounds once */
+static inline __attribute__((always_inline)) void weights_of(const int bits, const uint8_t *codes, int64_t k,
+                                                             const group_scales *c, vf *w0, vf *w1) {
+    vf q0, q1;
+    codes_of(bits, codes + k * CODE_BYTES(bits), &q0, &q1);
+    *w0 = bits == 4 ? q0 * c->d0 + c->m0 : q0 * c->d0;
+    *w1 = bits == 4 ? q1 * c->d1 + c->m1 : q1 * c->d1;
+}
+
 /* the fp32 weights of k's GROUP * g .. GROUP * (g + 1) - 1 of a coded panel into w (the fp32 panel layout) */
 static inline __attribute__((always_inline)) void rebuild_group(const int bits, const uint8_t *codes,
                                                                 const float *scales, int64_t g, float *w) {
-    const float *s = scales + g * SCALE_FLOATS(bits);
-    vf d0 = loadv(s), d1 = loadv(s + VL), m0 = (vf){0}, m1 = (vf){0};
-    if (bits == 4) m0 = loadv(s + PANEL), m1 = loadv(s + PANEL + VL);
+    group_scales c = scales_of(bits, scales, g);
     for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
-        vf q0, q1;
-        codes_of(bits, codes + k * CODE_BYTES(bits), &q0, &q1);
-        vf w0 = bits == 4 ? q0 * d0 + m0 : q0 * d0, w1 = bits == 4 ? q1 * d1 + m1 : q1 * d1;
+        vf w0, w1;
+        weights_of(bits, codes, k, &c, &w0, &w1);
         memcpy(w + (k - g * GROUP) * PANEL, &w0, sizeof w0);
         memcpy(w + (k - g * GROUP) * PANEL + VL, &w1, sizeof w1);
     }
@@ -154,13 +172,10 @@ static inline __attribute__((always_inline)) void coded_tile(const int bits, con
     vf lo[ROWS], hi[ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
     for (int64_t g = 0; g < K / GROUP; g++) {
-        const float *s = scales + g * SCALE_FLOATS(bits);
-        vf d0 = loadv(s), d1 = loadv(s + VL), m0 = (vf){0}, m1 = (vf){0};
-        if (bits == 4) m0 = loadv(s + PANEL), m1 = loadv(s + PANEL + VL);
+        group_scales c = scales_of(bits, scales, g);
         for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
-            vf q0, q1;
-            codes_of(bits, codes + k * CODE_BYTES(bits), &q0, &q1);
-            vf w0 = bits == 4 ? q0 * d0 + m0 : q0 * d0, w1 = bits == 4 ? q1 * d1 + m1 : q1 * d1;
+            vf w0, w1;
+            weights_of(bits, codes, k, &c, &w0, &w1);
             for (int r = 0; r < R; r++) {
                 float xr = x[r * ldx + k];
                 lo[r] += w0 * xr;
