@@ -18,11 +18,6 @@ from leapdecode.kernels.native_linear import GROUP, CodedPanels, Panels, coded_f
 from leapdecode.runner import Runner
 
 
-@pytest.fixture
-def lib(native_linear_lib):
-    return native_linear_lib
-
-
 @pytest.fixture(autouse=True)
 def private_cache(private_calibration):
     return private_calibration
@@ -54,7 +49,9 @@ WIDEN = {4: widened_4bit, 8: widened_8bit}
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("out_features,in_features", [(5, 32), (33, 64), (250, 128), (512, 576)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_exact_codes_give_the_fp32_panels_bits_at_every_row_count(lib, bits, out_features, in_features, bias):
+def test_exact_codes_give_the_fp32_panels_bits_at_every_row_count(
+    native_linear_lib, bits, out_features, in_features, bias
+):
     gen = torch.Generator().manual_seed(out_features)
     weight = WIDEN[bits](torch.randn(out_features, in_features, generator=gen))
     b = torch.randn(out_features, generator=gen) if bias else None
@@ -67,7 +64,7 @@ def test_exact_codes_give_the_fp32_panels_bits_at_every_row_count(lib, bits, out
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), rows
 
 
-def test_only_weights_that_come_back_bit_for_bit_have_codes(lib):
+def test_only_weights_that_come_back_bit_for_bit_have_codes(native_linear_lib):
     gen = torch.Generator().manual_seed(3)
     exact = widened_4bit(torch.randn(64, 96, generator=gen))
     exact[5, 32:64] = 0.25  # a constant group: d = 0
@@ -111,7 +108,7 @@ def decode(model, prompt, feeds):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("step", ["layers", "native"])
-def test_a_model_with_exact_codes_decodes_the_same_bits_from_them(lib, arch, step, monkeypatch):
+def test_a_model_with_exact_codes_decodes_the_same_bits_from_them(native_linear_lib, arch, step, monkeypatch):
     if step == "native" and decoder_step.library() is None:
         pytest.skip("native decoder step unavailable here")
     used = []

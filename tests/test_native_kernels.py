@@ -18,11 +18,6 @@ from leapdecode.kernels.native_linear import Panels
 from leapdecode.runner import Runner
 
 
-@pytest.fixture
-def lib(native_linear_lib):
-    return native_linear_lib
-
-
 @pytest.fixture(autouse=True)
 def private_cache(private_calibration):
     return private_calibration
@@ -30,7 +25,7 @@ def private_cache(private_calibration):
 
 @pytest.mark.parametrize("out_features,in_features", [(5, 3), (33, 64), (96, 40), (250, 129), (512, 576)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_products_equal_f_linear_within_rounding(lib, out_features, in_features, bias):
+def test_products_equal_f_linear_within_rounding(native_linear_lib, out_features, in_features, bias):
     gen = torch.Generator().manual_seed(out_features * 7 + in_features)
     weight = torch.randn(out_features, in_features, generator=gen)
     b = torch.randn(out_features, generator=gen) if bias else None
@@ -42,7 +37,7 @@ def test_products_equal_f_linear_within_rounding(lib, out_features, in_features,
         torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b), rtol=1e-5, atol=1e-4)
 
 
-def test_inputs_of_any_row_stride_and_non_contiguous_rows(lib):
+def test_inputs_of_any_row_stride_and_non_contiguous_rows(native_linear_lib):
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(40, 24, generator=gen)
     panels = Panels(weight)
@@ -51,7 +46,7 @@ def test_inputs_of_any_row_stride_and_non_contiguous_rows(lib):
         torch.testing.assert_close(panels(x, None), x @ weight.t(), rtol=1e-5, atol=1e-4)
 
 
-def test_a_row_gets_the_same_bits_alone_beside_other_rows_and_on_any_thread_count(lib):
+def test_a_row_gets_the_same_bits_alone_beside_other_rows_and_on_any_thread_count(native_linear_lib):
     gen = torch.Generator().manual_seed(5)
     weight, bias = torch.randn(300, 96, generator=gen), torch.randn(300, generator=gen)
     x = torch.randn(37, 96, generator=gen)
@@ -69,7 +64,7 @@ def test_a_row_gets_the_same_bits_alone_beside_other_rows_and_on_any_thread_coun
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_a_verification_returns_the_logits_of_one_row_steps_bit_for_bit(lib, arch):
+def test_a_verification_returns_the_logits_of_one_row_steps_bit_for_bit(native_linear_lib, arch):
     """With the native linear and attention kernels every row is computed from its own inputs alone, in a fixed
     order: the rows of a verification equal the one-row steps that would have produced them, so greedy speculative
     decoding is plain greedy decoding even at fp32 near-ties."""
@@ -193,7 +188,7 @@ def test_the_setting_and_a_missing_compiler_keep_torch_s_operations(monkeypatch,
         native.forget_all()
 
 
-def test_the_argmax_heads_native_exact_step_gives_the_panel_kernels_bits_on_every_candidate(lib):
+def test_the_argmax_heads_native_exact_step_gives_the_panel_kernels_bits_on_every_candidate(native_linear_lib):
     """csrc/argmax_head.c: every token the bound cannot rule out gets the native fp32 head's exact logit, bit for bit
     (so its argmax is that head's, near-ties included); every other token stays below the largest; the torch version
     of the same step finds the same argmax. Features as peaked as a real model's and as flat as noise."""
