@@ -98,9 +98,11 @@ def segment_attention_sdpa(monkeypatch, calls):
 
 def test_a_row_gets_the_same_bits_alone_as_beside_other_rows(native):
     """A drafted row verified in a call of several rows, beside other sequences, gets exactly the bits of the one-row
-    step that would have computed it: the kernel's sums for a row run over its own keys only, in a fixed order."""
+    step that would have computed it: the kernel's sums for a row run over its own keys only, in a fixed order. With
+    this many sequences the call shares its work out by key/value head (a task per group of query heads), the one-row
+    calls by query head."""
     past, n, d = 77, 6, 64
-    q, k, v, pasts, segments = batch([(30, 1), (past, n), (5, 3)], d, seed=1)
+    q, k, v, pasts, segments = batch([(30, 1), (past, n), (5, 3)] + [(9 + i, 1) for i in range(6)], d, seed=1)
     together = FlatBatch(segments).attend(0, q, k, v, 0.125)
     pk, pv = pasts[1]
     first = segments[1].first_row

@@ -5,7 +5,8 @@
    their dispatch costs more than their arithmetic. Here each is one pass over the rows, parallel over rows.
 
    Every row is computed from its own values alone, in a fixed order: its bits do not depend on how many rows share
-   the call. Plain C with GCC/Clang vector extensions, built per host by kernels/native.py. */
+   the call. Each `_rows` function shares its rows out between the threads of an enclosing parallel region (the
+   native decoder step runs a whole step in one); the public functions open a region of their own. Plain C with GCC/Clang vector extensions, built per host by kernels/native.py. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -14,9 +15,9 @@
 
 /* sum[r] = x[r] + delta[r] (where delta is given; else the row is x[r]), then out[r] = row / sqrt(mean(row^2) + eps)
    * weight: HF's RMSNorm in fp32 after the residual sum. */
-void add_rms_norm(int64_t rows, int64_t width, const float *x, const float *delta, const float *weight, float eps,
-                  float *sum, float *out, int64_t threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+static void add_rms_norm_rows(int64_t rows, int64_t width, const float *x, const float *delta, const float *weight,
+                              float eps, float *sum, float *out) {
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * width;
         if (delta) {
@@ -35,12 +36,18 @@ void add_rms_norm(int64_t rows, int64_t width, const float *x, const float *delt
     }
 }
 
+void add_rms_norm(int64_t rows, int64_t width, const float *x, const float *delta, const float *weight, float eps,
+                  float *sum, float *out, int64_t threads) {
+#pragma omp parallel num_threads(threads) if (rows > 1)
+    add_rms_norm_rows(rows, width, x, delta, weight, eps, sum, out);
+}
+
 /* The rotary embedding of HF's apply_rotary_pos_emb, in place: for each row r and head h of q (heads of d floats,
    rows ld apart), v[j] <- v[j] cos[r][j] + rotate_half(v)[j] sin[r][j], rotate_half(v) = (-v[d/2:], v[:d/2]). */
-void rotary(int64_t rows, int64_t heads, int64_t d, float *q, int64_t ld, const float *cos, const float *sin,
-            int64_t threads) {
+static void rotary_rows(int64_t rows, int64_t heads, int64_t d, float *q, int64_t ld, const float *cos,
+                        const float *sin) {
     int64_t half = d / 2;
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows * heads > 8)
+#pragma omp for schedule(static)
     for (int64_t t = 0; t < rows * heads; t++) {
         int64_t r = t / heads, h = t % heads;
         float *v = q + r * ld + h * d;
@@ -52,6 +59,12 @@ void rotary(int64_t rows, int64_t heads, int64_t d, float *q, int64_t ld, const 
     }
 }
 
+void rotary(int64_t rows, int64_t heads, int64_t d, float *q, int64_t ld, const float *cos, const float *sin,
+            int64_t threads) {
+#pragma omp parallel num_threads(threads) if (rows * heads > 8)
+    rotary_rows(rows, heads, d, q, ld, cos, sin);
+}
+
 static inline v16 silu16(v16 g) { /* g * sigmoid(g), sigmoid from exp(-|g|) <= 1: no overflow either way */
     v16 e = exp16(select16(g > 0, -g, g)), one = (v16){0} + 1.0f;
     return g * select16(g > 0, one, e) / (one + e);
@@ -59,23 +72,30 @@ static inline v16 silu16(v16 g) { /* g * sigmoid(g), sigmoid from exp(-|g|) <= 1
 
 /* out[r][j] = silu(gate_up[r][j]) * gate_up[r][width + j]; a row's last partial lane group goes through a padded copy,
    so every element is computed alike */
-void silu_mul(int64_t rows, int64_t width, const float *gate_up, float *out, int64_t threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
-    for (int64_t r = 0; r < rows; r++) {
+static void silu_mul_rows(int64_t rows, int64_t width, const float *gate_up, float *out) {
+    enum { CHUNK = 16 * LANES }; /* rows are shared out in chunks, so that a single row's work is shared too */
+    int64_t chunks = (width + CHUNK - 1) / CHUNK;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < rows * chunks; t++) {
+        int64_t r = t / chunks, j = t % chunks * CHUNK, end = j + CHUNK < width ? j + CHUNK : width;
         const float *g = gate_up + r * 2 * width, *u = g + width;
         float *o = out + r * width;
-        int64_t j = 0;
-        for (; j + LANES <= width; j += LANES) {
+        for (; j + LANES <= end; j += LANES) {
             v16 res = silu16(load16(g + j)) * load16(u + j);
             memcpy(o + j, &res, sizeof res);
         }
-        if (j < width) {
+        if (j < end) {
             float gs[LANES] = {0}, us[LANES] = {0}, os[LANES];
-            memcpy(gs, g + j, (width - j) * sizeof(float));
-            memcpy(us, u + j, (width - j) * sizeof(float));
+            memcpy(gs, g + j, (end - j) * sizeof(float));
+            memcpy(us, u + j, (end - j) * sizeof(float));
             v16 res = silu16(load16(gs)) * load16(us);
             memcpy(os, &res, sizeof os);
-            memcpy(o + j, os, (width - j) * sizeof(float));
+            memcpy(o + j, os, (end - j) * sizeof(float));
         }
     }
+}
+
+void silu_mul(int64_t rows, int64_t width, const float *gate_up, float *out, int64_t threads) {
+#pragma omp parallel num_threads(threads) if (rows * width > 2048)
+    silu_mul_rows(rows, width, gate_up, out);
 }

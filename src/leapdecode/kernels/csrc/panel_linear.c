@@ -136,6 +136,15 @@ int64_t panel_width(void) { return PANEL; }
 /* the accumulators of R rows into R rows of y (+ bias) */
 static inline __attribute__((always_inline)) void store_rows(const int R, const vf *lo, const vf *hi,
                                                              const float *bias, float *y, int64_t ldy, int64_t cols) {
+    if (cols == PANEL) { /* a whole panel: vector stores (a memcpy of a variable length is a library call) */
+        vf b0 = bias ? loadv(bias) : (vf){0}, b1 = bias ? loadv(bias + VL) : (vf){0};
+        for (int r = 0; r < R; r++) {
+            vf o0 = bias ? lo[r] + b0 : lo[r], o1 = bias ? hi[r] + b1 : hi[r];
+            memcpy(y + r * ldy, &o0, sizeof o0);
+            memcpy(y + r * ldy + VL, &o1, sizeof o1);
+        }
+        return;
+    }
     float sums[PANEL];
     for (int r = 0; r < R; r++) {
         memcpy(sums, &lo[r], sizeof lo[r]);
@@ -207,13 +216,11 @@ static void rows_times_panel(int R, int64_t K, const float *x, int64_t ldx, cons
     }
 }
 
-/* x: M rows of K floats, ldx apart; panels: as packed by kernels/native_linear.py; bias: N floats or NULL; y: M rows
-   of N floats, ldy apart; threads: how many OpenMP threads to use (torch's setting, passed in: a thread's OpenMP
-   default need not be torch's). */
-void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const float *panels,
-                  const float *bias, float *y, int64_t ldy, int64_t threads) {
+/* panel_linear's panels, shared out between the threads of the enclosing parallel region */
+static void panel_rows(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const float *panels,
+                       const float *bias, float *y, int64_t ldy) {
     int64_t count = (N + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp for schedule(static)
     for (int64_t p = 0; p < count; p++) {
         int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
         for (int64_t m = 0; m < M; m += ROWS) {
@@ -224,15 +231,23 @@ void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
     }
 }
 
-/* panel_linear's product from coded panels of `bits`-bit codes (as packed by kernels/native_linear.py; K a multiple of
-   GROUP). Rows that fit one tile rebuild the weights group by group as they go; more rows would rebuild them once per
-   tile, so each panel is rebuilt once into a buffer of the thread and multiplied as an fp32 panel. */
-void coded_panel_linear(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
-                        const uint8_t *codes, const float *scales, const float *bias, float *y, int64_t ldy,
-                        int64_t threads) {
+/* x: M rows of K floats, ldx apart; panels: as packed by kernels/native_linear.py; bias: N floats or NULL; y: M rows
+   of N floats, ldy apart; threads: how many OpenMP threads to use (torch's setting, passed in: a thread's OpenMP
+   default need not be torch's). */
+void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const float *panels,
+                  const float *bias, float *y, int64_t ldy, int64_t threads) {
+#pragma omp parallel num_threads(threads)
+    panel_rows(M, N, K, x, ldx, panels, bias, y, ldy);
+}
+
+/* coded_panel_linear's panels, shared out between the threads of the enclosing parallel region. Rows that fit one
+   tile rebuild the weights group by group as they go; more rows would rebuild them once per tile, so each panel is
+   rebuilt once into a buffer of the thread and multiplied as an fp32 panel. */
+static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
+                             const uint8_t *codes, const float *scales, const float *bias, float *y, int64_t ldy) {
     int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits), scale_floats = K / GROUP * SCALE_FLOATS(bits);
     if (M <= ROWS) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp for schedule(static)
         for (int64_t p = 0; p < count; p++) {
             int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
             rows_times_coded_panel((int)bits, (int)M, K, x, ldx, codes + p * code_bytes, scales + p * scale_floats,
@@ -240,22 +255,28 @@ void coded_panel_linear(int64_t bits, int64_t M, int64_t N, int64_t K, const flo
         }
         return;
     }
-#pragma omp parallel num_threads(threads)
-    {
-        float *w = malloc(K * PANEL * sizeof(float));
+    float *w = malloc(K * PANEL * sizeof(float));
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < count; p++) {
-            int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-            for (int64_t g = 0; g < K / GROUP; g++)
-                if (bits == 4)
-                    rebuild_group(4, codes + p * code_bytes, scales + p * scale_floats, g, w + g * GROUP * PANEL);
-                else
-                    rebuild_group(8, codes + p * code_bytes, scales + p * scale_floats, g, w + g * GROUP * PANEL);
-            for (int64_t m = 0; m < M; m += ROWS) {
-                int R = M - m < ROWS ? (int)(M - m) : ROWS;
-                rows_times_panel(R, K, x + m * ldx, ldx, w, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
-            }
+    for (int64_t p = 0; p < count; p++) {
+        int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
+        for (int64_t g = 0; g < K / GROUP; g++)
+            if (bits == 4)
+                rebuild_group(4, codes + p * code_bytes, scales + p * scale_floats, g, w + g * GROUP * PANEL);
+            else
+                rebuild_group(8, codes + p * code_bytes, scales + p * scale_floats, g, w + g * GROUP * PANEL);
+        for (int64_t m = 0; m < M; m += ROWS) {
+            int R = M - m < ROWS ? (int)(M - m) : ROWS;
+            rows_times_panel(R, K, x + m * ldx, ldx, w, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
         }
-        free(w);
     }
+    free(w);
+}
+
+/* panel_linear's product from coded panels of `bits`-bit codes (as packed by kernels/native_linear.py; K a multiple of
+   GROUP) */
+void coded_panel_linear(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
+                        const uint8_t *codes, const float *scales, const float *bias, float *y, int64_t ldy,
+                        int64_t threads) {
+#pragma omp parallel num_threads(threads)
+    coded_panel_rows(bits, M, N, K, x, ldx, codes, scales, bias, y, ldy);
 }

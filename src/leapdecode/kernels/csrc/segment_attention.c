@@ -14,6 +14,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define META 7
 
@@ -98,14 +101,12 @@ static inline __attribute__((always_inline)) void rows_of_head(const float *qh, 
     }
 }
 
-/* meta: per sequence META int64: key buffer address, value buffer address, distance between the buffers' heads
-   (in floats; rows within a head are head_dim apart), first row, rows, past, and whether to copy the new
-   keys/values into the buffers first (0 where their owner stored them already). q/k/v: the batch's queries
-   [heads, rows] and new keys/values [kv_heads, rows] of head_dim floats each, at the given strides (in floats)
-   between heads and between rows, the last dimension contiguous. out: [rows, heads, head_dim], contiguous. */
-void segment_attention(int64_t sequences, const int64_t *meta, const float *q, int64_t q_head, int64_t q_row,
-                       const float *k, int64_t k_head, int64_t k_row, const float *v, int64_t v_head, int64_t v_row,
-                       float *out, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale) {
+/* segment_attention's work, shared out between the threads of the enclosing parallel region */
+static void segment_attention_rows(int64_t sequences, const int64_t *meta, const float *q, int64_t q_head,
+                                   int64_t q_row, const float *k, int64_t k_head, int64_t k_row, const float *v,
+                                   int64_t v_head, int64_t v_row, float *out, int64_t heads, int64_t kv_heads,
+                                   int64_t head_dim, float scale) {
+#pragma omp for schedule(static)
     for (int64_t s = 0; s < sequences; s++) {
         const int64_t *m = meta + META * s;
         float *kb = (float *)(intptr_t)m[0], *vb = (float *)(intptr_t)m[1];
@@ -119,23 +120,45 @@ void segment_attention(int64_t sequences, const int64_t *meta, const float *q, i
                        head_dim * sizeof(float));
             }
     }
-    int64_t group = heads / kv_heads, tasks = sequences * heads;
-#pragma omp parallel for schedule(dynamic, 1)
+    /* a task: one sequence's rows for one query head, or, where there are enough such tasks to share out between the
+       threads, for every query head of one key/value head (grouped-query attention), so that the keys and values
+       are read from memory once and from cache by the group's other heads */
+    int64_t group = heads / kv_heads, threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_num_threads();
+#endif
+    int64_t per = group > 1 && sequences * kv_heads >= 4 * threads ? group : 1, tasks = sequences * heads / per;
+#pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; t++) {
-        /* one sequence's new rows for query head h */
-        const int64_t *m = meta + META * (t / heads);
-        int64_t h = t % heads, g = h / group, first = m[3], n = m[4], past = m[5], span = past + n;
-        const float *kb = (const float *)(intptr_t)m[0] + g * m[2];
-        const float *vb = (const float *)(intptr_t)m[1] + g * m[2];
-        const float *qh = q + h * q_head + first * q_row;
+        const int64_t *m = meta + META * (t / (heads / per));
+        int64_t first = m[3], n = m[4], past = m[5], span = past + n;
         float *scores = malloc((span + LANES) * sizeof(float));
-        float *o = out + (first * heads + h) * head_dim;
-        if (head_dim == 64) /* the common head sizes as constants: their loops unroll, q and acc stay in registers */
-            rows_of_head(qh, q_row, kb, vb, n, past, 64, scale, scores, o, heads * head_dim);
-        else if (head_dim == 128)
-            rows_of_head(qh, q_row, kb, vb, n, past, 128, scale, scores, o, heads * head_dim);
-        else
-            rows_of_head(qh, q_row, kb, vb, n, past, head_dim, scale, scores, o, heads * head_dim);
+        for (int64_t h = t % (heads / per) * per; h < (t % (heads / per) + 1) * per; h++) {
+            int64_t g = h / group;
+            const float *kb = (const float *)(intptr_t)m[0] + g * m[2];
+            const float *vb = (const float *)(intptr_t)m[1] + g * m[2];
+            const float *qh = q + h * q_head + first * q_row;
+            float *o = out + (first * heads + h) * head_dim;
+            if (head_dim == 64) /* the common head sizes as constants: their loops unroll, q and acc stay in registers */
+                rows_of_head(qh, q_row, kb, vb, n, past, 64, scale, scores, o, heads * head_dim);
+            else if (head_dim == 128)
+                rows_of_head(qh, q_row, kb, vb, n, past, 128, scale, scores, o, heads * head_dim);
+            else
+                rows_of_head(qh, q_row, kb, vb, n, past, head_dim, scale, scores, o, heads * head_dim);
+        }
         free(scores);
     }
+}
+
+/* meta: per sequence META int64: key buffer address, value buffer address, distance between the buffers' heads
+   (in floats; rows within a head are head_dim apart), first row, rows, past, and whether to copy the new
+   keys/values into the buffers first (0 where their owner stored them already). q/k/v: the batch's queries
+   [heads, rows] and new keys/values [kv_heads, rows] of head_dim floats each, at the given strides (in floats)
+   between heads and between rows, the last dimension contiguous. out: [rows, heads, head_dim], contiguous. */
+void segment_attention(int64_t sequences, const int64_t *meta, const float *q, int64_t q_head, int64_t q_row,
+                       const float *k, int64_t k_head, int64_t k_row, const float *v, int64_t v_head, int64_t v_row,
+                       float *out, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale) {
+#pragma omp parallel
+    segment_attention_rows(sequences, meta, q, q_head, q_row, k, k_head, k_row, v, v_head, v_row, out, heads,
+                           kv_heads, head_dim, scale);
 }
