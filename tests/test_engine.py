@@ -235,6 +235,17 @@ def test_cancel_frees_kv_at_once(target, draft):
     assert eng.metrics()["kv_bytes"] == 0 and not eng.has_work
 
 
+def test_warm_up_serves_one_request_and_leaves_no_trace(target, draft):
+    """The server's warm-up: a short request runs through prefill and decode steps (their row counts are then
+    prepared), the counters start from zero after it, and the next request decodes as it would have."""
+    e = engine(target, draft, drafter="prompt-lookup")
+    assert e.warm_up() > 0
+    assert 1 in e._seen_rows and len(e._seen_rows) >= 2  # a prompt's rows and single decode rows were stepped
+    assert not e.has_work and set(e.counters.values()) == {0}
+    prompt = [5, 9, 13, 9, 13, 9]
+    assert e.generate_many([prompt], max_new_tokens=12)[0].token_ids == solo(target, prompt, 12)
+
+
 def test_generate_many_takes_generates_arguments(target, draft):
     eng = engine(target, draft)
     with pytest.raises(LeapDecodeError, match="drafter"):

@@ -16,7 +16,7 @@ import pytest
 
 from leapdecode.cli import main
 from leapdecode.errors import LeapDecodeError
-from leapdecode.lab.bench import serve, serve_peers
+from leapdecode.lab.bench import serve, serve_inprocess, serve_peers
 from leapdecode.lab.bench.serve import markdown
 from leapdecode.lab.bench.serve_peers import Server
 
@@ -246,6 +246,12 @@ def test_compare_measures_each_server_and_reports_the_failing_ones(stub, tmp_pat
         ]
 
     monkeypatch.setattr(serve_peers, "plan", fake_plan)
+    engine_rows = [{"concurrency": c, "output_tokens_per_s": 12.0} for c in (1, 2)]
+    monkeypatch.setattr(
+        serve_inprocess,
+        "run",
+        lambda model_dir, args: {"label": "engine (stub)", "peer": "in-process", "rows": engine_rows},
+    )
     out = tmp_path / "out"
     argv = ["bench-serve", "--compare", "vllm,transformers", "--model-dir", str(tmp_path / "model")]
     argv += ["--concurrency", "1,2", "--num-prompts", "3", "--max-tokens", "8", "--suite", "quick", "--out", str(out)]
@@ -259,8 +265,12 @@ def test_compare_measures_each_server_and_reports_the_failing_ones(stub, tmp_pat
         "transformers serve (stub)",
         "crashing peer (stub)",
         "vllm serve (stub)",
+        "engine (stub)",
     ]
-    ours, missing, crashed, vllm = by_label.values()
+    ours, missing, crashed, vllm, _ = by_label.values()
+    assert [row["ratio_to_in-process"] for row in ours["rows"]] == [
+        round(r["output_tokens_per_s"] / 12, 2) for r in ours["rows"]
+    ]
     for res, tokens in ((ours, 6), (vllm, 3)):
         assert "error" not in res and res["version"] == "0-stub" and "stub_openai_server.py" in res["command"]
         assert [row["concurrency"] for row in res["rows"]] == [1, 2]
@@ -278,7 +288,7 @@ def test_compare_measures_each_server_and_reports_the_failing_ones(stub, tmp_pat
     assert "load average after" in settings and settings["max_tokens"] == 8
 
     report = (out / "report.md").read_text()
-    assert "× vLLM tok/s" in report
+    assert "× vLLM tok/s" in report and "× engine in process" in report
     one_line = [line for line in report.splitlines() if line.startswith("| crashing peer (stub) |")]
     assert len(one_line) == 1 and "**not measured**: did not start: exited with status 3" in one_line[0]
     assert "| transformers serve (stub) | – | **not measured**: not installed: no fastapi |" in report
@@ -327,6 +337,7 @@ def test_a_stalled_stream_counts_as_failed_and_each_server_is_saved_as_it_ends(s
 
     real_save = serve.save
     monkeypatch.setattr(serve_peers, "plan", fake_plan)
+    monkeypatch.setattr(serve_inprocess, "run", lambda *a: {"label": "engine", "peer": "in-process", "rows": []})
     monkeypatch.setattr(
         serve, "save", lambda out, results, settings: (saved.append(len(results)), real_save(out, results, settings))
     )
@@ -334,8 +345,26 @@ def test_a_stalled_stream_counts_as_failed_and_each_server_is_saved_as_it_ends(s
     argv = ["bench-serve", "--compare", "transformers,vllm", "--model-dir", str(tmp_path), "--request-timeout", "1"]
     argv += ["--concurrency", "2", "--num-prompts", "2", "--max-tokens", "4", "--suite", "quick"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
-    assert saved == [1, 2]
-    stalled, fine = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    assert saved == [1, 3]  # the first server's report, then all (the in-process engine last)
+    stalled, fine, _ = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
     (row,) = stalled["rows"]
     assert row["failed"] == 2 and row["errors"] == ["TimeoutError: "]
     assert fine["rows"][0]["completed"] == 2
+
+
+def test_the_engine_in_process_runs_bench_serves_load_in_a_process_of_its_own(tmp_path):
+    """The in-process baseline: a fresh process builds the engine as `leapdecode serve --drafter none` would and
+    decodes the suite's prompts in bench-serve's order at every level, every request to its max tokens or its end."""
+    from tiny_hf import make_tiny_hf_dir
+
+    model_dir = str(make_tiny_hf_dir(tmp_path / "tiny", context=1024))
+    args = _args(suite="quick", seed=0, num_prompts=3, concurrency="1,2", max_tokens=5, threads=1)
+    res = serve_inprocess.run(model_dir, args, say=lambda _: None)
+    assert "error" not in res, res.get("error")
+    assert res["peer"] == "in-process" and res["env"]["OMP_NUM_THREADS"] == "1"
+    assert [row["concurrency"] for row in res["rows"]] == [1, 2]
+    for row in res["rows"]:
+        assert row["completed"] == 3 and 3 <= row["output_tokens"] <= 15 and row["output_tokens_per_s"] > 0
+        assert row["ttft_p50_ms"] > 0 and row["e2e_p99_ms"] >= row["ttft_p99_ms"]
+    broken = serve_inprocess.run(str(tmp_path / "missing"), args, say=lambda _: None)
+    assert broken["rows"] == [] and broken["error"].startswith("failed: ")

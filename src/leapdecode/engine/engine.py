@@ -227,6 +227,15 @@ class Engine:
             for r in requests
         ]
 
+    def warm_up(self) -> float:
+        """Serve one short request untimed, so that what a process does once (building and loading the native
+        kernels, calibrating them on a new host, encoding the weights) happens before the first user's request
+        rather than inside it; the counters start from zero after it. Returns the seconds it took."""
+        start = time.perf_counter()
+        self.generate_many(["Say hello."], max_new_tokens=4)
+        self.counters.update(dict.fromkeys(self.counters, 0))
+        return time.perf_counter() - start
+
     def metrics(self) -> dict:
         """Counters and sizes; safe to call from another thread while a step runs (a snapshot of the lists). Cheap
         (the server snapshots it after every step): bytes are counted from rows, not summed over every tensor."""

@@ -193,6 +193,7 @@ def run_serve(args) -> int:
         torch.set_num_threads(args.threads)
     check_port(args.host, args.port)
     engine = Engine(args.model, **engine_options(args))
+    engine.warm_up()  # the one-off preparation now, not in the first request
     app = create_app(
         engine,
         served_model_name=args.served_model_name,

@@ -53,6 +53,7 @@ def build_app(
 
             torch.set_num_threads(threads)
             engine = Engine(model, **options)
+            engine.warm_up()  # the one-off preparation before the replica takes requests
             self.state = handlers.ServerState(
                 engine,
                 served_model_name=served_model_name,

@@ -69,6 +69,13 @@ def run_engine(
     if warmup:
         engine.generate_many(list(warmup)[:concurrency], max_new_tokens=max_new_tokens)
         engine.counters.update(dict.fromkeys(engine.counters, 0))
+    return closed_loop(engine, prompts, concurrency, max_new_tokens, on_done)
+
+
+def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on_done=None) -> dict:
+    """Decode `prompts` (token ids, strings or chat messages) on `engine` with at most `concurrency` in flight, a new
+    request sent whenever one finishes; the record of tokens, timings and the engine's counters over the run."""
+    start_counters = dict(engine.counters)
     n = len(prompts)
     sent, first, end = [0.0] * n, [None] * n, [0.0] * n
     tokens: list[list[int]] = [[] for _ in range(n)]
@@ -95,8 +102,8 @@ def run_engine(
             in_flight[0] += 1
         engine.step()
     wall = time.perf_counter() - start
-    metrics = engine.metrics()
-    accepted = metrics["spec_decode_num_accepted_tokens"]
+    counted = {k: v - start_counters.get(k, 0) for k, v in engine.metrics().items() if k in start_counters}
+    drafted, accepted = counted["spec_decode_num_draft_tokens"], counted["spec_decode_num_accepted_tokens"]
     return _record(
         tokens,
         sent,
@@ -104,12 +111,10 @@ def run_engine(
         end,
         wall,
         {
-            "steps": metrics["steps"],
+            "steps": counted["steps"],
             "forwards": forwards[0],
-            "draft_tokens": metrics["spec_decode_num_draft_tokens"],
-            "acceptance": accepted / metrics["spec_decode_num_draft_tokens"]
-            if metrics["spec_decode_num_draft_tokens"]
-            else None,
+            "draft_tokens": drafted,
+            "acceptance": accepted / drafted if drafted else None,
         },
     )
 

@@ -210,8 +210,9 @@ def markdown(results: list[dict], settings: dict) -> str:
     lines = ["# bench-serve", "", "| setting | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in settings.items()]
     columns = list(COLUMNS)
-    if any("ratio_to_vllm" in row for res in results for row in res["rows"]):
-        columns.insert(2, ("ratio_to_vllm", "× vLLM tok/s"))
+    for key, title in (("ratio_to_in-process", "× engine in process"), ("ratio_to_vllm", "× vLLM tok/s")):
+        if any(key in row for res in results for row in res["rows"]):
+            columns.insert(2, (key, title))
     lines += ["", "| server | " + " | ".join(t for _, t in columns) + " |", "|---|" + "---:|" * len(columns)]
     for res in results:
         if res.get("error"):  # a peer that could not be installed, started or measured: one line
@@ -331,6 +332,11 @@ def compare(args, save_partial=None) -> tuple[list[dict], dict]:
             save_partial(results, host)
 
     results = serve_peers.run_servers(servers, measure, on_result=partial)
+    if "leapdecode" in peers and not args.rate:  # the engine without HTTP on the same load (closed loop only)
+        from . import serve_inprocess
+
+        results.append(serve_inprocess.run(model_dir, args))
+        serve_peers.add_ratios(results, "in-process")
     serve_peers.add_ratios(results)
     return results, host
 
