@@ -4,6 +4,7 @@ percentiles in order, results.json / report.md / PNGs written; bad options fail 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from tiny_hf import make_tiny_hf_dir
@@ -59,6 +60,7 @@ def test_bench_serve_measures_every_level(url, tmp_path, capsys):
         assert row["ttft_p50_ms"] <= row["ttft_p99_ms"] and row["e2e_p50_ms"] <= row["e2e_p99_ms"]
         assert row["ttft_p50_ms"] <= row["e2e_p99_ms"]
         assert row["output_tokens_per_s"] > 0 and row["requests_per_s"] > 0
+        assert 0 < row["client_cpu_cores"] <= os.cpu_count()  # this process's CPU over the level (here, server too)
     report = (out / "report.md").read_text()
     assert "| tiny | 1 |" in report and "TTFT p50 ms" in report
     for png in ("throughput.png", "ttft.png", "itl.png"):

@@ -138,9 +138,10 @@ async def _level(client, model: str, prompts: list[str], concurrency: int, args,
         if args.rate:
             t += rng.expovariate(args.rate) if args.poisson else 1.0 / args.rate
     chosen = [prompts[i % len(prompts)] for i in range(args.num_prompts)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     records = await asyncio.gather(*(limited(p, d) for p, d in zip(chosen, delays)))
     duration = time.perf_counter() - start
+    client_cores = (time.process_time() - cpu) / duration  # the load generator's own share of the machine
     ok = [r for r in records if r["ok"]]
     tokens = sum(r["output_tokens"] for r in ok)
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
@@ -155,6 +156,7 @@ async def _level(client, model: str, prompts: list[str], concurrency: int, args,
         "output_tokens": tokens,
         "output_tokens_per_s": round(tokens / duration, 3),
         "requests_per_s": round(len(ok) / duration, 4),
+        "client_cpu_cores": round(client_cores, 2),
     }
     for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
         for q in (50, 99):
@@ -203,6 +205,7 @@ COLUMNS = (
     ("e2e_p99_ms", "E2E p99 ms"),
     ("completed", "completed"),
     ("failed", "failed"),
+    ("client_cpu_cores", "client CPU (cores)"),
 )
 
 
@@ -224,7 +227,9 @@ def markdown(results: list[dict], settings: dict) -> str:
         "",
         "Output tok/s and req/s: over each level's wall time. TTFT: request sent to first chunk with "
         "text. ITL: gaps between chunks with text (a speculating server may send several tokens per chunk). "
-        "E2E: request sent to last chunk. Greedy (temperature 0), streamed.",
+        "E2E: request sent to last chunk. Greedy (temperature 0), streamed. Client CPU: the cores the load "
+        "generator itself (this process, the `openai` client) kept busy over the level, on the same machine as the "
+        "server.",
         "",
     ]
     started = [res for res in results if res.get("command")]
