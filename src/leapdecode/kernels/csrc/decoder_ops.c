@@ -6,7 +6,8 @@
 
    Every row is computed from its own values alone, in a fixed order: its bits do not depend on how many rows share
    the call. Each `_rows` function shares its rows out between the threads of an enclosing parallel region (the
-   native decoder step runs a whole step in one); the public functions open a region of their own. Plain C with GCC/Clang vector extensions, built per host by kernels/native.py. */
+   native decoder step runs a whole step in one); the public functions open a region of their own. Plain C with
+   GCC/Clang vector extensions, built per host by kernels/native.py. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

@@ -3,9 +3,9 @@
    The flat batch holds the new rows of many sequences side by side. Sequence s owns a key and a value buffer per
    layer (fp32, [kv_heads, >= past_s + n_s, head_dim], rows contiguous); its n_s new rows sit at rows first_s ..
    first_s + n_s of the batch, at positions past_s .. past_s + n_s. The kernel first copies each sequence's new
-   keys/values into its buffers at past_s (unless their owner did), then, in parallel over (sequence, query head),
-   computes for each new row i causal attention over keys 0 .. past_s + i: scores q.k * scale, softmax in fp32 (max
-   subtracted), the weighted sum of values.
+   keys/values into its buffers at past_s (unless their owner did), then, in parallel over (sequence, query head) or
+   (sequence, key/value head: see segment_attention_rows), computes for each new row i causal attention over keys 0
+   .. past_s + i: scores q.k * scale, softmax in fp32 (max subtracted), the weighted sum of values.
 
    Each row is computed from its own keys alone, in an order that depends only on how many keys it sees: a row gets
    the same bits in a one-row step as in a step that verifies several drafted rows, whatever else shares the call.
@@ -139,7 +139,8 @@ static void segment_attention_rows(int64_t sequences, const int64_t *meta, const
             const float *vb = (const float *)(intptr_t)m[1] + g * m[2];
             const float *qh = q + h * q_head + first * q_row;
             float *o = out + (first * heads + h) * head_dim;
-            if (head_dim == 64) /* the common head sizes as constants: their loops unroll, q and acc stay in registers */
+            /* the common head sizes as constants: their loops unroll, q and acc stay in registers */
+            if (head_dim == 64)
                 rows_of_head(qh, q_row, kb, vb, n, past, 64, scale, scores, o, heads * head_dim);
             else if (head_dim == 128)
                 rows_of_head(qh, q_row, kb, vb, n, past, 128, scale, scores, o, heads * head_dim);

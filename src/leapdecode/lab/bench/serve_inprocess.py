@@ -36,7 +36,7 @@ def run(model_dir: str, args, say=print) -> dict:
     base = {
         "label": LABEL,
         "peer": "in-process",
-        "command": " ".join(command) + " SPEC",
+        "command": " ".join(command) + " < SPEC.json",  # the spec (prompts, levels, max tokens) on stdin
         "env": _thread_env(args.threads),
     }
     say(f"running {LABEL}")
@@ -50,16 +50,19 @@ def run(model_dir: str, args, say=print) -> dict:
 
 def measure(spec: dict) -> list[dict]:
     """Rows in bench-serve's columns, one per level, from one Engine kept across levels (as a server is)."""
+    import argparse
+
     import torch
 
-    from ...cli import build_parser
     from ...engine import Engine
-    from ...serve.cli import engine_options
+    from ...serve.cli import add_serve, engine_options
     from .batch import closed_loop
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
-    options = engine_options(build_parser().parse_args(["serve", "--model", spec["model"], "--drafter", "none"]))
+    parser = argparse.ArgumentParser()
+    add_serve(parser.add_subparsers())  # `leapdecode serve`'s own defaults
+    options = engine_options(parser.parse_args(["serve", "--model", spec["model"], "--drafter", "none"]))
     engine = Engine(spec["model"], **options)
     engine.warm_up()
     messages = [[{"role": "user", "content": p}] for p in spec["prompts"]]
