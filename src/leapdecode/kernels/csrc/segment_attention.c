@@ -127,13 +127,14 @@ static void segment_attention_rows(int64_t sequences, const int64_t *meta, const
 #ifdef _OPENMP
     threads = omp_get_num_threads();
 #endif
-    int64_t per = group > 1 && sequences * kv_heads >= 4 * threads ? group : 1, tasks = sequences * heads / per;
+    int64_t per = group > 1 && sequences * kv_heads >= 4 * threads ? group : 1; /* query heads a task */
+    int64_t each = heads / per;                                                /* tasks a sequence */
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; t++) {
-        const int64_t *m = meta + META * (t / (heads / per));
-        int64_t first = m[3], n = m[4], past = m[5], span = past + n;
+    for (int64_t t = 0; t < sequences * each; t++) {
+        const int64_t *m = meta + META * (t / each);
+        int64_t first = m[3], n = m[4], past = m[5], span = past + n, h0 = t % each * per;
         float *scores = malloc((span + LANES) * sizeof(float));
-        for (int64_t h = t % (heads / per) * per; h < (t % (heads / per) + 1) * per; h++) {
+        for (int64_t h = h0; h < h0 + per; h++) {
             int64_t g = h / group;
             const float *kb = (const float *)(intptr_t)m[0] + g * m[2];
             const float *vb = (const float *)(intptr_t)m[1] + g * m[2];

@@ -66,20 +66,20 @@ def run_engine(
         packed_weights=packed_weights,
         prefix_cache_tokens=prefix_cache_tokens,
     )
-    if warmup:
+    if warmup:  # closed_loop counts from where the counters stand
         engine.generate_many(list(warmup)[:concurrency], max_new_tokens=max_new_tokens)
-        engine.counters.update(dict.fromkeys(engine.counters, 0))
     return closed_loop(engine, prompts, concurrency, max_new_tokens, on_done)
 
 
 def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on_done=None) -> dict:
     """Decode `prompts` (token ids, strings or chat messages) on `engine` with at most `concurrency` in flight, a new
-    request sent whenever one finishes; the record of tokens, timings and the engine's counters over the run."""
+    request sent whenever one finishes; the record of tokens, timings, failed requests and the engine's counters over
+    the run."""
     start_counters = dict(engine.counters)
     n = len(prompts)
     sent, first, end = [0.0] * n, [None] * n, [0.0] * n
     tokens: list[list[int]] = [[] for _ in range(n)]
-    pending, in_flight, forwards = deque(range(n)), [0], [0]
+    pending, in_flight, forwards, failed = deque(range(n)), [0], [0], [0]
 
     def on_output(i, out):
         now = time.perf_counter()
@@ -90,6 +90,7 @@ def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on
             end[i] = now
             in_flight[0] -= 1
             forwards[0] += out.stats.forward_passes
+            failed[0] += out.error is not None
             if on_done:
                 on_done()
 
@@ -114,6 +115,7 @@ def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on
             "steps": counted["steps"],
             "forwards": forwards[0],
             "draft_tokens": drafted,
+            "failed": failed[0],
             "acceptance": accepted / drafted if drafted else None,
         },
     )

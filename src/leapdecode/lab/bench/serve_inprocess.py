@@ -75,8 +75,8 @@ def measure(spec: dict) -> list[dict]:
             {
                 "concurrency": c,
                 "requests": len(chosen),
-                "completed": len(chosen),
-                "failed": 0,
+                "completed": len(chosen) - record["failed"],
+                "failed": record["failed"],
                 "duration_s": round(record["wall"], 3),
                 "output_tokens": record["output_tokens"],
                 "output_tokens_per_s": round(record["output_tok_s"], 3),
