@@ -24,11 +24,11 @@ def private_cache(private_calibration):
 
 
 def widened_4bit(weight: torch.Tensor) -> torch.Tensor:
-    """The weight rounded to Q4_1 (per group of 32 inputs: m the minimum, d = (max - m) / 15 in fp16, codes 0..15)
-    and widened back to fp32, as the GGUF loader does."""
+    """The weight rounded to Q4_1 (per group of 32 inputs: m the minimum and d = (max - m) / 15, both in fp16, codes
+    0..15) and widened back to fp32, as the GGUF loader does."""
     out, inp = weight.shape
     groups = weight.reshape(out, inp // GROUP, GROUP)
-    low = groups.amin(-1, keepdim=True)
+    low = groups.amin(-1, keepdim=True).half().float()
     d = ((groups.amax(-1, keepdim=True) - low) / 15).half().float()
     q = torch.round((groups - low) / torch.where(d > 0, d, 1.0)).clamp(0, 15)
     return (d * q + low).reshape(out, inp)
@@ -53,7 +53,9 @@ def test_exact_codes_give_the_fp32_panels_bits_at_every_row_count(
     native_linear_lib, bits, out_features, in_features, bias
 ):
     gen = torch.Generator().manual_seed(out_features)
-    weight = WIDEN[bits](torch.randn(out_features, in_features, generator=gen))
+    source = torch.randn(out_features, in_features, generator=gen)
+    source[-1, :GROUP] *= 1e-5  # a group whose scale is a subnormal fp16 value (the kernel widens fp16 scales)
+    weight = WIDEN[bits](source)
     b = torch.randn(out_features, generator=gen) if bias else None
     coded = coded_form(weight)
     assert coded is not None and coded.bits == bits
@@ -75,6 +77,11 @@ def test_only_weights_that_come_back_bit_for_bit_have_codes(native_linear_lib):
     assert q4_form(nudged) is None
     assert q4_form(torch.randn(64, 96, generator=gen)) is None
     assert q4_form(exact[:, :80].contiguous()) is None  # inputs not in whole groups
+    off_minimum = exact.clone()  # one group's codes with an m that is no fp16 value: the kernel keeps m in fp16
+    m_off = m[9, 0] + 2**-20
+    off_minimum[9, :GROUP] = d[9, 0] * codes[9, :GROUP].float() + m_off
+    assert off_minimum[9, :GROUP].amin() == m_off and m_off.half().float() != m_off
+    assert q4_form(off_minimum) is None
     assert q4_form(exact.double()) is None
     eight = widened_8bit(torch.randn(64, 96, generator=gen))
     codes, d = q8_form(eight)

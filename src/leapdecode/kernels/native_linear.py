@@ -123,9 +123,9 @@ def q8_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def q4_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(codes [out, in] uint8, d and m [out, in / GROUP] fp32) with weight == d q + m bit for bit in every group of
-    GROUP inputs, d an fp16 value (so d q is exact in fp32, and a fused multiply-add rounds as a product and a sum
-    do), or None where the weight has no such form. m is the group's minimum; d is tried at the fp16 values nearest
-    (max - min) / 15, per group (GGUF Q4_1)."""
+    GROUP inputs, d and m fp16 values (so d q is exact in fp32, a fused multiply-add rounds as a product and a sum do,
+    and both are stored in fp16), or None where the weight has no such form. m is the group's minimum (an fp16 value in
+    a GGUF Q4_1 weight); d is tried at the fp16 values nearest (max - min) / 15, per group (GGUF Q4_1)."""
     if weight.shape[0] > 1 and q4_form(weight[:1]) is None:  # most weights without such a form fail on their first row
         return None
     groups = _grouped(weight)
@@ -133,6 +133,8 @@ def q4_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         return None
     with torch.no_grad():
         low = groups.amin(-1)
+        if not torch.equal(low.half().float(), low):
+            return None
         found = _codes_for(groups, _fp16_near((groups.amax(-1) - low) / 15), low, 15)
     return None if found is None else (found[0].to(torch.uint8).reshape(weight.shape), found[1], low)
 
@@ -160,7 +162,8 @@ class CodedPanels:
     """A weight as its exact codes (q4_form: bits 4; q8_form: bits 8, m None), packed for coded_panel_linear: per
     panel of `width` output columns, the codes of each input (4-bit: width / 2 bytes, byte j holding column j in the
     low nibble and column width / 2 + j in the high one; 8-bit: width signed bytes) and per group of GROUP inputs the
-    columns' d (then, 4-bit, their m) in fp32. Zero-padded columns are 0 q + 0."""
+    columns' d (then, 4-bit, their m) in fp16, which holds them exactly (q4_form, q8_form). Zero-padded columns are
+    0 q + 0."""
 
     scales: torch.Tensor
 
@@ -181,10 +184,11 @@ class CodedPanels:
         columns = by_panel(codes)
         if bits == 4:
             self.data = (columns[..., :half] | (columns[..., half:] << 4)).contiguous()
-            self.scales = torch.stack([by_panel(d), by_panel(m)], dim=2).contiguous()  # [count, in / GROUP, 2, width]
+            # [count, in / GROUP, 2, width]
+            self.scales = torch.stack([by_panel(d), by_panel(m)], dim=2).half().contiguous()
         else:
             self.data = columns.contiguous()
-            self.scales = by_panel(d).contiguous()  # [count, in / GROUP, width]
+            self.scales = by_panel(d).half().contiguous()  # [count, in / GROUP, width]
 
     def __call__(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """flat [rows, in] (fp32) @ weight^T (+ bias) -> [rows, out], the bits Panels gives for the fp32 weight."""

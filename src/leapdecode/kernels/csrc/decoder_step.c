@@ -25,7 +25,7 @@ static void product(int64_t rows, int64_t n, int64_t k, const float *x, const in
     const float *bias = (const float *)(intptr_t)w[at + 3];
     if (w[at + 1])
         coded_panel_rows(w[at + 1], rows, n, k, x, k, (const uint8_t *)(intptr_t)w[at],
-                         (const float *)(intptr_t)w[at + 2], bias, y, n);
+                         (const uint16_t *)(intptr_t)w[at + 2], bias, y, n);
     else
         panel_rows(rows, n, k, x, k, (const float *)(intptr_t)w[at], bias, y, n);
 }

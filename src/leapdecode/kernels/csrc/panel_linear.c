@@ -10,10 +10,11 @@
 
    coded_panel_linear computes the same products from a weight stored as codes: each group of 32 inputs of an output
    column holds w = d q + m with 4-bit codes q in 0..15 (the form of a GGUF Q4_1 weight dequantized to fp32) or
-   w = d q with 8-bit codes q in -128..127 (Q8_0's), d an fp16 value, so that d q is exact in fp32. It rebuilds every w
-   in registers, bit for bit (d q + m rounds once, fused or not), and sums in the same order: its outputs are
-   panel_linear's on the fp32 weight, from a sixth (4-bit) or a third (8-bit) of the bytes
-   (kernels/native_linear.py encodes a weight only where every value comes back exactly).
+   w = d q with 8-bit codes q in -128..127 (Q8_0's), d and m fp16 values (stored as such: fp32 scales would be a third
+   of a 4-bit weight's bytes), so that d q is exact in fp32. It rebuilds every w in registers, bit for bit (d q + m
+   rounds once, fused or not), and sums in the same order: its outputs are panel_linear's on the fp32 weight, from a
+   little over an eighth (4-bit) or a quarter (8-bit) of the bytes (kernels/native_linear.py encodes a weight only where
+   every value comes back exactly).
    Plain C with GCC/Clang vector extensions, built per host by kernels/native.py. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -94,19 +95,50 @@ static inline __attribute__((always_inline)) void codes_of(const int bits, const
 #endif
 }
 
-/* bytes of codes per k of a panel, and floats of scales per group (d of the PANEL columns, then m for 4-bit codes) */
+/* bytes of codes per k of a panel, and fp16 scales per group (d of the PANEL columns, then m for 4-bit codes) */
 #define CODE_BYTES(bits) ((bits) == 4 ? VL : PANEL)
-#define SCALE_FLOATS(bits) ((bits) == 4 ? 2 * PANEL : PANEL)
+#define SCALE_COUNT(bits) ((bits) == 4 ? 2 * PANEL : PANEL)
+
+/* an fp16 value as fp32 (exact: every fp16 value is an fp32 value) */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023, bits;
+    if (exponent == 31) /* infinity or NaN */
+        bits = sign | 0x7f800000 | (mantissa << 13);
+    else if (exponent) /* normal */
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else if (mantissa) { /* subnormal: normalise */
+        exponent = 113;
+        while (!(mantissa & 1024)) mantissa <<= 1, exponent--;
+        bits = sign | (exponent << 23) | ((mantissa & 1023) << 13);
+    } else
+        bits = sign;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* VL fp16 values as floats (F16C's conversion where the host has it; it is exact, as is half_to_float) */
+static inline vf load_halves(const uint16_t *p) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__AVX2__) && defined(__F16C__)
+    return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    float f[VL];
+    for (int i = 0; i < VL; i++) f[i] = half_to_float(p[i]);
+    return loadv(f);
+#endif
+}
 
 /* a group's scales of a coded panel: d of the two vectors of columns, and m (zero for 8-bit codes) */
 typedef struct {
     vf d0, d1, m0, m1;
 } group_scales;
 
-static inline __attribute__((always_inline)) group_scales scales_of(const int bits, const float *scales, int64_t g) {
-    const float *s = scales + g * SCALE_FLOATS(bits);
-    group_scales c = {loadv(s), loadv(s + VL), (vf){0}, (vf){0}};
-    if (bits == 4) c.m0 = loadv(s + PANEL), c.m1 = loadv(s + PANEL + VL);
+static inline __attribute__((always_inline)) group_scales scales_of(const int bits, const uint16_t *scales, int64_t g) {
+    const uint16_t *s = scales + g * SCALE_COUNT(bits);
+    group_scales c = {load_halves(s), load_halves(s + VL), (vf){0}, (vf){0}};
+    if (bits == 4) c.m0 = load_halves(s + PANEL), c.m1 = load_halves(s + PANEL + VL);
     return c;
 }
 
@@ -121,7 +153,7 @@ static inline __attribute__((always_inline)) void weights_of(const int bits, con
 
 /* the fp32 weights of k's GROUP * g .. GROUP * (g + 1) - 1 of a coded panel into w (the fp32 panel layout) */
 static inline __attribute__((always_inline)) void rebuild_group(const int bits, const uint8_t *codes,
-                                                                const float *scales, int64_t g, float *w) {
+                                                                const uint16_t *scales, int64_t g, float *w) {
     group_scales c = scales_of(bits, scales, g);
     for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
         vf w0, w1;
@@ -176,7 +208,7 @@ static inline __attribute__((always_inline)) void tile(const int R, int64_t K, c
 
 /* the same for a coded panel, each weight rebuilt in registers as the sum reaches it */
 static inline __attribute__((always_inline)) void coded_tile(const int bits, const int R, int64_t K, const float *x,
-                                                             int64_t ldx, const uint8_t *codes, const float *scales,
+                                                             int64_t ldx, const uint8_t *codes, const uint16_t *scales,
                                                              const float *bias, float *y, int64_t ldy, int64_t cols) {
     vf lo[ROWS], hi[ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
@@ -196,7 +228,7 @@ static inline __attribute__((always_inline)) void coded_tile(const int bits, con
 }
 
 static void rows_times_coded_panel(int bits, int R, int64_t K, const float *x, int64_t ldx, const uint8_t *codes,
-                                   const float *scales, const float *bias, float *y, int64_t ldy, int64_t cols) {
+                                   const uint16_t *scales, const float *bias, float *y, int64_t ldy, int64_t cols) {
     switch (R + 100 * (bits == 8)) {
 #define CASE(n) \
     case n: coded_tile(4, n, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
@@ -244,13 +276,13 @@ void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
    tile rebuild the weights group by group as they go; more rows would rebuild them once per tile, so each panel is
    rebuilt once into a buffer of the thread and multiplied as an fp32 panel. */
 static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
-                             const uint8_t *codes, const float *scales, const float *bias, float *y, int64_t ldy) {
-    int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits), scale_floats = K / GROUP * SCALE_FLOATS(bits);
+                             const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy) {
+    int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits), scale_count = K / GROUP * SCALE_COUNT(bits);
     if (M <= ROWS) {
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < count; p++) {
             int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-            rows_times_coded_panel((int)bits, (int)M, K, x, ldx, codes + p * code_bytes, scales + p * scale_floats,
+            rows_times_coded_panel((int)bits, (int)M, K, x, ldx, codes + p * code_bytes, scales + p * scale_count,
                                    bias ? bias + first : 0, y + first, ldy, cols);
         }
         return;
@@ -261,9 +293,9 @@ static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, cons
         int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
         for (int64_t g = 0; g < K / GROUP; g++)
             if (bits == 4)
-                rebuild_group(4, codes + p * code_bytes, scales + p * scale_floats, g, w + g * GROUP * PANEL);
+                rebuild_group(4, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
             else
-                rebuild_group(8, codes + p * code_bytes, scales + p * scale_floats, g, w + g * GROUP * PANEL);
+                rebuild_group(8, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
         for (int64_t m = 0; m < M; m += ROWS) {
             int R = M - m < ROWS ? (int)(M - m) : ROWS;
             rows_times_panel(R, K, x + m * ldx, ldx, w, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
@@ -275,7 +307,7 @@ static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, cons
 /* panel_linear's product from coded panels of `bits`-bit codes (as packed by kernels/native_linear.py; K a multiple of
    GROUP) */
 void coded_panel_linear(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
-                        const uint8_t *codes, const float *scales, const float *bias, float *y, int64_t ldy,
+                        const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy,
                         int64_t threads) {
 #pragma omp parallel num_threads(threads)
     coded_panel_rows(bits, M, N, K, x, ldx, codes, scales, bias, y, ldy);
