@@ -16,7 +16,7 @@ import pytest
 
 from leapdecode.cli import main
 from leapdecode.errors import LeapDecodeError
-from leapdecode.lab.bench import serve, serve_inprocess, serve_peers
+from leapdecode.lab.bench import serve, serve_inprocess, serve_peers, serve_rounds
 from leapdecode.lab.bench.serve import markdown
 from leapdecode.lab.bench.serve_peers import Server
 
@@ -368,3 +368,77 @@ def test_the_engine_in_process_runs_bench_serves_load_in_a_process_of_its_own(tm
         assert row["ttft_p50_ms"] > 0 and row["e2e_p99_ms"] >= row["ttft_p99_ms"]
     broken = serve_inprocess.run(str(tmp_path / "missing"), args, say=lambda _: None)
     assert broken["rows"] == [] and broken["error"].startswith("failed: ")
+
+
+def test_rounds_measure_leapdecodes_two_servers_in_turns_and_pair_their_ratios(stub, tmp_path, monkeypatch):
+    """--rounds 3: both leapdecode servers are up together and each level is measured on one then the other, the
+    order reversed every other round; the peers run once, one at a time; rows keep every round's tok/s, and the
+    report pairs on ÷ off per round (computed from those very rounds)."""
+    calls = []
+
+    def fake_plan(peers, model_dir, args):
+        return [
+            stub_server(stub, "leapdecode serve (speculation on: auto)", "leapdecode", "tokens=6", model="model"),
+            stub_server(stub, "leapdecode serve (speculation off)", "leapdecode", "tokens=3", model="model"),
+            stub_server(stub, "vllm serve (stub)", "vllm", "tokens=3", model="model"),
+        ]
+
+    real_bench_url = serve.bench_url
+
+    async def recording_bench_url(url, model, args, log=print, levels=None):
+        calls.append((args.label, levels))
+        return await real_bench_url(url, model, args, log, levels)
+
+    monkeypatch.setattr(serve_peers, "plan", fake_plan)
+    monkeypatch.setattr(serve, "bench_url", recording_bench_url)
+    monkeypatch.setattr(serve_inprocess, "run", lambda *a: {"label": "engine", "peer": "in-process", "rows": []})
+    (tmp_path / "config.json").write_text("{}")
+    argv = ["bench-serve", "--compare", "leapdecode,vllm", "--model-dir", str(tmp_path), "--rounds", "3"]
+    argv += ["--concurrency", "1,2", "--num-prompts", "2", "--max-tokens", "6", "--suite", "quick"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+
+    on, off = "leapdecode serve (speculation on: auto)", "leapdecode serve (speculation off)"
+    expected = []
+    for r in range(3):
+        order = [on, off] if r % 2 == 0 else [off, on]
+        expected += [(label, [level]) for level in (1, 2) for label in order]
+    assert calls == expected + [("vllm serve (stub)", None)]
+
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["settings"]["rounds"] == 3
+    ours_on, ours_off, vllm, _ = data["results"]
+    for res, tokens in ((ours_on, 6), (ours_off, 3)):
+        assert [row["concurrency"] for row in res["rows"]] == [1, 2]
+        for row in res["rows"]:
+            rounds = row["rounds_output_tokens_per_s"]
+            assert len(rounds) == 3 and row["output_tokens_per_s"] == sorted(rounds)[1]
+            assert row["output_tokens"] == 2 * tokens
+    assert "rounds_output_tokens_per_s" not in vllm["rows"][0]
+    report = (tmp_path / "out" / "report.md").read_text()
+    for a, b in zip(ours_on["rows"], ours_off["rows"]):
+        ratios = [x / y for x, y in zip(a["rounds_output_tokens_per_s"], b["rounds_output_tokens_per_s"])]
+        line = f"| {a['concurrency']} | " + ", ".join(f"{x:.2f}" for x in ratios)
+        assert line in report
+
+
+def test_rounds_report_a_server_that_cannot_start_and_measure_the_other(stub):
+    servers = [
+        stub_server(stub, "leapdecode serve (speculation on: auto)", "leapdecode", "exit=no memory"),
+        stub_server(stub, "leapdecode serve (speculation off)", "leapdecode", "tokens=2"),
+    ]
+    levels_seen = []
+
+    def measure_level(url, model, label, level):
+        levels_seen.append((label, level))
+        return {"concurrency": level, "output_tokens_per_s": 10.0 + level}
+
+    broken, fine = serve_rounds.run_interleaved(servers, measure_level, [1, 4], 2, say=lambda _: None)
+    assert broken["rows"] == [] and broken["error"].startswith("did not start: exited with status 3")
+    assert levels_seen == [("leapdecode serve (speculation off)", c) for c in (1, 4)] * 2
+    assert [row["rounds_output_tokens_per_s"] for row in fine["rows"]] == [[11.0, 11.0], [14.0, 14.0]]
+    assert serve_rounds.paired_ratios([broken, fine]) == []
+
+
+def test_rounds_needs_compare(capsys):
+    assert main(["bench-serve", "--rounds", "3"]) == 2
+    assert "--rounds goes with --compare" in capsys.readouterr().err

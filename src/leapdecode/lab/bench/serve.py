@@ -9,7 +9,9 @@ wall time, and p50/p99 of each latency. Results go to `results.json`, `report.md
 
 `--compare leapdecode,vllm,transformers` starts each server on the same model directory (`--model-dir`), one after
 another on a free port of 127.0.0.1, measures it with the same prompts and stops it before the next starts
-(serve_peers.py); `--compare-transformers DIR` is `--compare leapdecode,transformers --model-dir DIR`.
+(serve_peers.py); `--compare-transformers DIR` is `--compare leapdecode,transformers --model-dir DIR`. With
+`--rounds N` leapdecode's two servers (speculation on and off) are measured in turns instead, N rounds, for paired
+ratios that the host's drift does not blur (serve_rounds.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import time
 
 from ...errors import require
-from . import serve_peers
+from . import serve_peers, serve_rounds
 from .serve_common import _levels, _pct, load_prompts
 
 
@@ -79,6 +81,13 @@ def register(sub) -> None:
     )
     p.add_argument("--head", help="with --compare and --drafter head: the draft head")
     p.add_argument("--threads", type=int, help="with --compare: torch threads of each server")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --compare: measure leapdecode's servers (speculation on and off) in turns, N rounds, "
+        "for paired on ÷ off ratios; the report keeps each server's median round",
+    )
     from .serve_faults import add_arguments as add_fault_arguments
 
     add_fault_arguments(p)
@@ -168,8 +177,9 @@ async def _level(client, model: str, prompts: list[str], concurrency: int, args,
     return row
 
 
-async def bench_url(url: str, model: str | None, args, log=print) -> dict:
-    """Every concurrency level against one server; returns {label, url, model, rows}."""
+async def bench_url(url: str, model: str | None, args, log=print, levels: list[int] | None = None) -> dict:
+    """Every concurrency level (of --concurrency, or `levels`) against one server; returns {label, url, model,
+    rows}."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=args.api_key, max_retries=0, timeout=600.0)
@@ -180,7 +190,7 @@ async def bench_url(url: str, model: str | None, args, log=print) -> dict:
         random.Random(args.seed).shuffle(prompts)
         await _one(client, model, prompts[0], args)  # warm-up, not measured
         rows = []
-        for c in _levels(args.concurrency):
+        for c in levels or _levels(args.concurrency):
             row = await _level(client, model, prompts, c, args, random.Random(args.seed))
             log(
                 f"  concurrency {c:>3}: {row['output_tokens_per_s']:8.1f} tok/s  {row['requests_per_s']:6.2f} req/s  "
@@ -232,9 +242,10 @@ def markdown(results: list[dict], settings: dict) -> str:
         "server.",
         "",
     ]
+    lines += serve_rounds.markdown(results)
     started = [res for res in results if res.get("command")]
     if started:
-        lines += ["Servers, one at a time on 127.0.0.1:", ""]
+        lines += ["Servers on 127.0.0.1, one measured at a time:", ""]
         for res in started:
             env = " ".join(f"{k}={v}" for k, v in (res.get("env") or {}).items())
             version = f" {res['version']}" if res.get("version") else ""
@@ -284,6 +295,7 @@ def _settings(args) -> dict:
         "suite": args.suite,
         "max_tokens": args.max_tokens,
         "endpoint": args.endpoint,
+        "rounds": getattr(args, "rounds", 1),
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -297,6 +309,8 @@ def run_bench_serve(args) -> int:
     require(args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}")
     require(args.rate is None or args.rate > 0, f"--rate must be positive, got {args.rate}")
     require(not args.poisson or args.rate, "--poisson goes with --rate")
+    require(args.rounds >= 1, f"--rounds must be >= 1, got {args.rounds}")
+    require(args.rounds == 1 or args.compare or args.compare_transformers, "--rounds goes with --compare")
     _levels(args.concurrency)
     load_prompts(args.suite)  # a bad suite fails before any traffic
     out = pathlib.Path(args.out or f"bench-serve/{time.strftime('%Y%m%d-%H%M%S')}")
@@ -327,16 +341,25 @@ def compare(args, save_partial=None) -> tuple[list[dict], dict]:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated benchmark still stops its server
     servers = serve_peers.plan(peers, model_dir, args)
 
-    def measure(url: str, model: str, label: str) -> dict:
+    def measure(url: str, model: str, label: str, levels: list[int] | None = None) -> dict:
         args.label = label
-        return asyncio.run(bench_url(url, model, args))
+        return asyncio.run(bench_url(url, model, args, levels=levels))
 
     def partial(results: list[dict]) -> None:
         if save_partial is not None and len(results) < len(servers):
             serve_peers.add_ratios(results)
             save_partial(results, host)
 
-    results = serve_peers.run_servers(servers, measure, on_result=partial)
+    if args.rounds > 1:  # leapdecode's servers in turns, then the peers one at a time
+        ours = [s for s in servers if s.peer == "leapdecode"]
+
+        def measure_level(url: str, model: str, label: str, level: int) -> dict:
+            return measure(url, model, label, levels=[level])["rows"][0]
+
+        results = serve_rounds.run_interleaved(ours, measure_level, _levels(args.concurrency), args.rounds)
+        results += serve_peers.run_servers([s for s in servers if s.peer != "leapdecode"], measure)
+    else:
+        results = serve_peers.run_servers(servers, measure, on_result=partial)
     if "leapdecode" in peers and not args.rate:  # the engine without HTTP on the same load (closed loop only)
         from . import serve_inprocess
 
