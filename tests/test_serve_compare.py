@@ -18,6 +18,7 @@ from leapdecode.cli import main
 from leapdecode.errors import LeapDecodeError
 from leapdecode.lab.bench import serve, serve_inprocess, serve_peers, serve_rounds
 from leapdecode.lab.bench.serve import markdown
+from leapdecode.lab.bench.serve_common import level_prompts
 from leapdecode.lab.bench.serve_peers import Server
 
 STUB = r"""
@@ -358,7 +359,7 @@ def test_the_engine_in_process_runs_bench_serves_load_in_a_process_of_its_own(tm
     from tiny_hf import make_tiny_hf_dir
 
     model_dir = str(make_tiny_hf_dir(tmp_path / "tiny", context=1024))
-    args = _args(suite="quick", seed=0, num_prompts=3, concurrency="1,2", max_tokens=5, threads=1)
+    args = _args(suite="quick", seed=0, num_prompts=3, concurrency="1,2", max_tokens=5, threads=1, rounds=2)
     res = serve_inprocess.run(model_dir, args, say=lambda _: None)
     assert "error" not in res, res.get("error")
     assert res["peer"] == "in-process" and res["env"]["OMP_NUM_THREADS"] == "1"
@@ -366,6 +367,7 @@ def test_the_engine_in_process_runs_bench_serves_load_in_a_process_of_its_own(tm
     for row in res["rows"]:
         assert row["completed"] == 3 and 3 <= row["output_tokens"] <= 15 and row["output_tokens_per_s"] > 0
         assert row["ttft_p50_ms"] > 0 and row["e2e_p99_ms"] >= row["ttft_p99_ms"]
+        assert len(row["rounds_output_tokens_per_s"]) == 2  # the median of two rounds, as the servers'
     broken = serve_inprocess.run(str(tmp_path / "missing"), args, say=lambda _: None)
     assert broken["rows"] == [] and broken["error"].startswith("failed: ")
 
@@ -385,9 +387,9 @@ def test_rounds_measure_leapdecodes_two_servers_in_turns_and_pair_their_ratios(s
 
     real_bench_url = serve.bench_url
 
-    async def recording_bench_url(url, model, args, log=print, levels=None):
-        calls.append((args.label, levels))
-        return await real_bench_url(url, model, args, log, levels)
+    async def recording_bench_url(url, model, args, log=print, levels=None, round_=1):
+        calls.append((args.label, levels, round_))
+        return await real_bench_url(url, model, args, log, levels, round_)
 
     monkeypatch.setattr(serve_peers, "plan", fake_plan)
     monkeypatch.setattr(serve, "bench_url", recording_bench_url)
@@ -401,8 +403,8 @@ def test_rounds_measure_leapdecodes_two_servers_in_turns_and_pair_their_ratios(s
     expected = []
     for r in range(3):
         order = [on, off] if r % 2 == 0 else [off, on]
-        expected += [(label, [level]) for level in (1, 2) for label in order]
-    assert calls == expected + [("vllm serve (stub)", None)]
+        expected += [(label, [level], r + 1) for level in (1, 2) for label in order]
+    assert calls == expected + [("vllm serve (stub)", None, 1)]
 
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["settings"]["rounds"] == 3
@@ -428,7 +430,7 @@ def test_rounds_report_a_server_that_cannot_start_and_measure_the_other(stub):
     ]
     levels_seen = []
 
-    def measure_level(url, model, label, level):
+    def measure_level(url, model, label, level, round_):
         levels_seen.append((label, level))
         return {"concurrency": level, "output_tokens_per_s": 10.0 + level}
 
@@ -442,3 +444,19 @@ def test_rounds_report_a_server_that_cannot_start_and_measure_the_other(stub):
 def test_rounds_needs_compare(capsys):
     assert main(["bench-serve", "--rounds", "3"]) == 2
     assert "--rounds goes with --compare" in capsys.readouterr().err
+
+
+def test_each_request_is_new_to_the_server_unless_prompts_may_repeat():
+    """Levels, rounds and places in a level get text of their own (no prefix-cache hit from an earlier level), the
+    same for every server; --repeat-prompts sends the suite as it is."""
+    prompts = ["What is a tide?", "Name three rivers."]
+    level = level_prompts(prompts, 5, 4, 2)
+    assert level[0] == "[c4 r2 #0] What is a tide?" and level[3] == "[c4 r2 #3] Name three rivers."
+    seen = [p for c in (1, 4) for r in (1, 2) for p in level_prompts(prompts, 5, c, r)]
+    assert len(set(seen)) == len(seen) == 20
+    assert level_prompts(prompts, 5, 4, 2) == level
+    assert level_prompts(prompts, 3, 4, 2, distinct=False) == [
+        "What is a tide?",
+        "Name three rivers.",
+        "What is a tide?",
+    ]

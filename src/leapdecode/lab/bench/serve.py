@@ -27,7 +27,7 @@ import time
 
 from ...errors import require
 from . import serve_peers, serve_rounds
-from .serve_common import _levels, _pct, load_prompts
+from .serve_common import _levels, _pct, level_prompts, load_prompts
 
 
 def register(sub) -> None:
@@ -49,6 +49,12 @@ def register(sub) -> None:
         help="seconds a request may take in all before it counts as failed (0: none)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt order and Poisson gaps")
+    p.add_argument(
+        "--repeat-prompts",
+        action="store_true",
+        help="send the suite's prompts as they are, so that repeats (across levels, rounds and within a level) may "
+        "be served from a server's prefix cache; by default each request begins with a tag of its own",
+    )
     p.add_argument("--out", help="output directory (default bench-serve/<timestamp>)")
     p.add_argument("--label", help="name of this server in the report (default: the URL)")
     p.add_argument(
@@ -133,7 +139,9 @@ async def _one(client, model: str, prompt: str, args) -> dict:
     return record
 
 
-async def _level(client, model: str, prompts: list[str], concurrency: int, args, rng: random.Random) -> dict:
+async def _level(
+    client, model: str, prompts: list[str], concurrency: int, args, rng: random.Random, round_: int = 1
+) -> dict:
     semaphore = asyncio.Semaphore(concurrency)
 
     async def limited(prompt: str, delay: float):
@@ -146,7 +154,7 @@ async def _level(client, model: str, prompts: list[str], concurrency: int, args,
         delays.append(t)
         if args.rate:
             t += rng.expovariate(args.rate) if args.poisson else 1.0 / args.rate
-    chosen = [prompts[i % len(prompts)] for i in range(args.num_prompts)]
+    chosen = level_prompts(prompts, args.num_prompts, concurrency, round_, not getattr(args, "repeat_prompts", False))
     start, cpu = time.perf_counter(), time.process_time()
     records = await asyncio.gather(*(limited(p, d) for p, d in zip(chosen, delays)))
     duration = time.perf_counter() - start
@@ -177,9 +185,11 @@ async def _level(client, model: str, prompts: list[str], concurrency: int, args,
     return row
 
 
-async def bench_url(url: str, model: str | None, args, log=print, levels: list[int] | None = None) -> dict:
+async def bench_url(
+    url: str, model: str | None, args, log=print, levels: list[int] | None = None, round_: int = 1
+) -> dict:
     """Every concurrency level (of --concurrency, or `levels`) against one server; returns {label, url, model,
-    rows}."""
+    rows}. `round_`: which round of --rounds this is (it tags the prompts, serve_common.level_prompts)."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=args.api_key, max_retries=0, timeout=600.0)
@@ -191,7 +201,7 @@ async def bench_url(url: str, model: str | None, args, log=print, levels: list[i
         await _one(client, model, prompts[0], args)  # warm-up, not measured
         rows = []
         for c in levels or _levels(args.concurrency):
-            row = await _level(client, model, prompts, c, args, random.Random(args.seed))
+            row = await _level(client, model, prompts, c, args, random.Random(args.seed), round_)
             log(
                 f"  concurrency {c:>3}: {row['output_tokens_per_s']:8.1f} tok/s  {row['requests_per_s']:6.2f} req/s  "
                 f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  E2E p50 {row['e2e_p50_ms']} ms"
@@ -296,6 +306,9 @@ def _settings(args) -> dict:
         "max_tokens": args.max_tokens,
         "endpoint": args.endpoint,
         "rounds": getattr(args, "rounds", 1),
+        "prompts": "as in the suite (repeats may hit prefix caches)"
+        if getattr(args, "repeat_prompts", False)
+        else "each request tagged, new to the server",
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -341,9 +354,9 @@ def compare(args, save_partial=None) -> tuple[list[dict], dict]:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated benchmark still stops its server
     servers = serve_peers.plan(peers, model_dir, args)
 
-    def measure(url: str, model: str, label: str, levels: list[int] | None = None) -> dict:
+    def measure(url: str, model: str, label: str, levels: list[int] | None = None, round_: int = 1) -> dict:
         args.label = label
-        return asyncio.run(bench_url(url, model, args, levels=levels))
+        return asyncio.run(bench_url(url, model, args, levels=levels, round_=round_))
 
     def partial(results: list[dict]) -> None:
         if save_partial is not None and len(results) < len(servers):
@@ -353,8 +366,8 @@ def compare(args, save_partial=None) -> tuple[list[dict], dict]:
     if args.rounds > 1:  # leapdecode's servers in turns, then the peers one at a time
         ours = [s for s in servers if s.peer == "leapdecode"]
 
-        def measure_level(url: str, model: str, label: str, level: int) -> dict:
-            return measure(url, model, label, levels=[level])["rows"][0]
+        def measure_level(url: str, model: str, label: str, level: int, round_: int) -> dict:
+            return measure(url, model, label, levels=[level], round_=round_)["rows"][0]
 
         results = serve_rounds.run_interleaved(ours, measure_level, _levels(args.concurrency), args.rounds)
         results += serve_peers.run_servers([s for s in servers if s.peer != "leapdecode"], measure)

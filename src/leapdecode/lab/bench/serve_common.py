@@ -20,6 +20,18 @@ def load_prompts(suite: str) -> list[str]:
     return [q.turns[0] for q in load_suite(suite)]
 
 
+def level_prompts(
+    prompts: list[str], count: int, concurrency: int, round_: int = 1, distinct: bool = True
+) -> list[str]:
+    """The `count` prompts of one level: the suite's in order, cycling. `distinct`: each begins with a tag naming its
+    level, round and place (`[c4 r2 #7] ...`), so that no request repeats text a server has already seen and no level
+    is served from the prompt caches an earlier one filled (real traffic seldom sends one question twice; a server
+    with prefix caching would otherwise skip most prefill from the second level on, and one without would not). The
+    tags are the same for every server measured."""
+    chosen = [prompts[i % len(prompts)] for i in range(count)]
+    return [f"[c{concurrency} r{round_} #{i}] {p}" for i, p in enumerate(chosen)] if distinct else chosen
+
+
 def _pct(values: list[float], q: float) -> float | None:
     """The q-th percentile with linear interpolation between ranks (numpy's default, as `vllm bench serve`)."""
     if not values:

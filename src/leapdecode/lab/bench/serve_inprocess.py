@@ -2,7 +2,7 @@
 
 `bench-serve --compare leapdecode` measures `leapdecode serve` through HTTP with the `openai` client. After the
 servers have stopped, this runs the same prompts (same order, the same chat messages, max tokens and closed loop of C
-requests in flight, level after level) through an Engine built as `leapdecode serve --drafter none` builds it, warmed
+requests in flight, level after level, as many rounds) through an Engine built as `leapdecode serve --drafter none` builds it, warmed
 up the same way, in a process of its own with the same threads. A server's rate over this one is what the serving path
 costs: HTTP, the event loop, streaming, and the client process sharing the cores."""
 
@@ -31,6 +31,8 @@ def run(model_dir: str, args, say=print) -> dict:
         "levels": _levels(args.concurrency),
         "max_tokens": args.max_tokens,
         "threads": args.threads,
+        "rounds": getattr(args, "rounds", 1),
+        "distinct": not getattr(args, "repeat_prompts", False),
     }
     command = [sys.executable, "-m", __name__]
     base = {
@@ -49,7 +51,8 @@ def run(model_dir: str, args, say=print) -> dict:
 
 
 def measure(spec: dict) -> list[dict]:
-    """Rows in bench-serve's columns, one per level, from one Engine kept across levels (as a server is)."""
+    """Rows in bench-serve's columns, one per level (the median round where there are several, as
+    serve_rounds keeps for the servers), from one Engine kept across levels and rounds (as a server is)."""
     import argparse
 
     import torch
@@ -57,6 +60,8 @@ def measure(spec: dict) -> list[dict]:
     from ...engine import Engine
     from ...serve.cli import add_serve, engine_options
     from .batch import closed_loop
+    from .serve_common import level_prompts
+    from .serve_rounds import median_row
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -65,32 +70,39 @@ def measure(spec: dict) -> list[dict]:
     options = engine_options(parser.parse_args(["serve", "--model", spec["model"], "--drafter", "none"]))
     engine = Engine(spec["model"], **options)
     engine.warm_up()
-    messages = [[{"role": "user", "content": p}] for p in spec["prompts"]]
-    engine.generate_many(messages[:1], max_new_tokens=spec["max_tokens"])  # bench_url's warm-up request
+    chat = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    engine.generate_many([chat(spec["prompts"][0])], max_new_tokens=spec["max_tokens"])  # bench_url's warm-up
     rows = []
-    for c in spec["levels"]:
-        chosen = [messages[i % len(messages)] for i in range(spec["num_prompts"])]
-        record = closed_loop(engine, chosen, c, spec["max_tokens"])
-        rows.append(
-            {
-                "concurrency": c,
-                "requests": len(chosen),
-                "completed": len(chosen) - record["failed"],
-                "failed": record["failed"],
-                "duration_s": round(record["wall"], 3),
-                "output_tokens": record["output_tokens"],
-                "output_tokens_per_s": round(record["output_tok_s"], 3),
-                "requests_per_s": round(record["requests_s"], 4),
-                **{
-                    f"{name}_p{q}_ms": None
-                    if record[f"{name}_p{q}"] is None
-                    else round(1000 * record[f"{name}_p{q}"], 2)
-                    for name in ("ttft", "e2e")
-                    for q in (50, 99)
-                },
-            }
-        )
-    return rows
+    for round_ in range(1, spec.get("rounds", 1) + 1):
+        for c in spec["levels"]:
+            texts = level_prompts(spec["prompts"], spec["num_prompts"], c, round_, spec.get("distinct", True))
+            rows.append(
+                _row(c, round_, len(texts), closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"]))
+            )
+    if spec.get("rounds", 1) == 1:
+        return [{k: v for k, v in row.items() if k != "round"} for row in rows]
+    return [median_row([row for row in rows if row["concurrency"] == c]) for c in spec["levels"]]
+
+
+def _row(c: int, round_: int, requests: int, record: dict) -> dict:
+    """One level of closed_loop's record in bench-serve's columns."""
+    latencies = {
+        f"{name}_p{q}_ms": None if record[f"{name}_p{q}"] is None else round(1000 * record[f"{name}_p{q}"], 2)
+        for name in ("ttft", "e2e")
+        for q in (50, 99)
+    }
+    return {
+        "concurrency": c,
+        "round": round_,
+        "requests": requests,
+        "completed": requests - record["failed"],
+        "failed": record["failed"],
+        "duration_s": round(record["wall"], 3),
+        "output_tokens": record["output_tokens"],
+        "output_tokens_per_s": round(record["output_tok_s"], 3),
+        "requests_per_s": round(record["requests_s"], 4),
+        **latencies,
+    }
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ ROUNDS_KEY = "rounds_output_tokens_per_s"
 
 def run_interleaved(servers, measure_level, levels: list[int], rounds: int, say=print) -> list[dict]:
     """Start every server, then for each round and level measure the level on each server in turn
-    (`measure_level(url, model, label, level)` → one row), the order reversed every other round; stop them all.
+    (`measure_level(url, model, label, level, round)` → one row), the order reversed every other round; stop them all.
     Returns one result per server as run_servers does (an error and no rows for one that could not start or broke)."""
     results, running = {}, []
     try:
@@ -53,7 +53,7 @@ def run_interleaved(servers, measure_level, levels: list[int], rounds: int, say=
                         continue
                     say(f"round {r + 1}/{rounds}, {server.label}")
                     try:
-                        row = measure_level(f"http://127.0.0.1:{server.port}", server.model, server.label, level)
+                        row = measure_level(f"http://127.0.0.1:{server.port}", server.model, server.label, level, r + 1)
                         result["rounds"].append(dict(row, round=r + 1))
                     except Exception as e:  # reported; the other server goes on
                         message = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
@@ -93,7 +93,7 @@ def paired_ratios(results: list[dict]) -> list[dict]:
     for a, b in zip(on["rows"], off["rows"]):
         pairs = list(zip(a.get(ROUNDS_KEY, []), b.get(ROUNDS_KEY, [])))
         if pairs and all(y > 0 for _, y in pairs):
-            ratios = [round(x / y, 3) for x, y in pairs]
+            ratios = [x / y for x, y in pairs]
             table.append({"concurrency": a["concurrency"], "ratios": ratios, "median": statistics.median(ratios)})
     return table
 
