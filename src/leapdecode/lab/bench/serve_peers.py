@@ -344,9 +344,7 @@ def run_servers(servers: list[Server], measure, say=print, on_result=None) -> li
     for server in servers:
         if on_result is not None and results:
             on_result(results)
-        base = {"label": server.label, "peer": server.peer, "version": server.version}
-        base["command"] = " ".join(shlex.quote(c) for c in server.command) if server.command else None
-        base["env"] = server.env
+        base = described(server)
         if server.unavailable:
             say(f"{server.label}: {server.unavailable}")
             results.append(dict(base, error=server.unavailable, rows=[]))
@@ -373,6 +371,12 @@ def run_servers(servers: list[Server], measure, say=print, on_result=None) -> li
     if on_result is not None:
         on_result(results)
     return results
+
+
+def described(server: Server) -> dict:
+    """The report's entry for a server before it is measured: label, peer, version, exact command, environment."""
+    command = " ".join(shlex.quote(c) for c in server.command) if server.command else None
+    return dict(label=server.label, peer=server.peer, version=server.version, command=command, env=server.env)
 
 
 def add_ratios(results: list[dict], reference: str = "vllm") -> None:

@@ -11,7 +11,6 @@ round's tok/s.
 
 from __future__ import annotations
 
-import shlex
 import statistics
 import time
 
@@ -28,9 +27,7 @@ def run_interleaved(servers, measure_level, levels: list[int], rounds: int, say=
     results, running = {}, []
     try:
         for server in servers:
-            base = {"label": server.label, "peer": server.peer, "version": server.version, "env": server.env}
-            base["command"] = " ".join(shlex.quote(c) for c in server.command) if server.command else None
-            results[server.label] = base
+            base = results[server.label] = serve_peers.described(server)
             if server.unavailable:
                 base.update(error=server.unavailable, rows=[])
                 continue
