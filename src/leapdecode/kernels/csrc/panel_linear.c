@@ -277,7 +277,8 @@ void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
    rebuilt once into a buffer of the thread and multiplied as an fp32 panel. */
 static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
                              const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy) {
-    int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits), scale_count = K / GROUP * SCALE_COUNT(bits);
+    int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits);
+    int64_t scale_count = K / GROUP * SCALE_COUNT(bits);
     if (M <= ROWS) {
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < count; p++) {

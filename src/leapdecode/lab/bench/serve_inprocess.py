@@ -2,9 +2,9 @@
 
 `bench-serve --compare leapdecode` measures `leapdecode serve` through HTTP with the `openai` client. After the
 servers have stopped, this runs the same prompts (same order, the same chat messages, max tokens and closed loop of C
-requests in flight, level after level, as many rounds) through an Engine built as `leapdecode serve --drafter none` builds it, warmed
-up the same way, in a process of its own with the same threads. A server's rate over this one is what the serving path
-costs: HTTP, the event loop, streaming, and the client process sharing the cores."""
+requests in flight, level after level, as many rounds) through an Engine built as `leapdecode serve --drafter none`
+builds it, warmed up the same way, in a process of its own with the same threads. A server's rate over this one is
+what the serving path costs: HTTP, the event loop, streaming, and the client process sharing the cores."""
 
 from __future__ import annotations
 
