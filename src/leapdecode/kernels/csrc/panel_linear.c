@@ -12,9 +12,9 @@
    column holds w = d q + m with 4-bit codes q in 0..15 (the form of a GGUF Q4_1 weight dequantized to fp32) or
    w = d q with 8-bit codes q in -128..127 (Q8_0's), d and m fp16 values (stored as such: fp32 scales would be a third
    of a 4-bit weight's bytes), so that d q is exact in fp32. It rebuilds every w in registers, bit for bit (d q + m
-   rounds once, fused or not), and sums in the same order: its outputs are panel_linear's on the fp32 weight, from a
-   little over an eighth (4-bit) or a quarter (8-bit) of the bytes (kernels/native_linear.py encodes a weight only where
-   every value comes back exactly).
+   rounds once, fused or not), and sums in the same order: its outputs are panel_linear's on the fp32 weight, from
+   under a sixth (4-bit) or just over a quarter (8-bit) of the bytes (kernels/native_linear.py encodes a weight only
+   where every value comes back exactly).
    Plain C with GCC/Clang vector extensions, built per host by kernels/native.py. */
 #include <stdint.h>
 #include <stdlib.h>
