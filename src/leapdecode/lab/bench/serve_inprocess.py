@@ -51,8 +51,8 @@ def run(model_dir: str, args, say=print) -> dict:
 
 
 def measure(spec: dict) -> list[dict]:
-    """Rows in bench-serve's columns, one per level (the median round where there are several, as
-    serve_rounds keeps for the servers), from one Engine kept across levels and rounds (as a server is)."""
+    """Rows in bench-serve's columns, one per level (its median round, with every round's tok/s, as serve_rounds
+    keeps for the servers), from one Engine kept across levels and rounds (as a server is)."""
     import argparse
 
     import torch
@@ -79,8 +79,6 @@ def measure(spec: dict) -> list[dict]:
             rows.append(
                 _row(c, round_, len(texts), closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"]))
             )
-    if spec.get("rounds", 1) == 1:
-        return [{k: v for k, v in row.items() if k != "round"} for row in rows]
     return [median_row([row for row in rows if row["concurrency"] == c]) for c in spec["levels"]]
 
 

@@ -344,39 +344,48 @@ def run_servers(servers: list[Server], measure, say=print, on_result=None) -> li
     for server in servers:
         if on_result is not None and results:
             on_result(results)
-        base = described(server)
-        if server.unavailable:
-            say(f"{server.label}: {server.unavailable}")
-            results.append(dict(base, error=server.unavailable, rows=[]))
-            continue
-        say(f"starting {server.label}: {base['command']}")
-        if server.note:
-            say(f"  {server.note}")
-        started = time.monotonic()
-        try:
-            proc, log = start(server, say)
-        except LeapDecodeError as e:
-            say(f"{server.label}: {e}")
-            results.append(dict(base, error=f"did not start: {e}", rows=[]))
+        entry, running = launch(server, say)
+        if running is None:
+            results.append(entry)
             continue
         try:
-            result = measure(f"http://127.0.0.1:{server.port}", server.model, server.label)
-            results.append(dict(base, **result, start_s=round(time.monotonic() - started, 1)))
+            entry.update(measure(f"http://127.0.0.1:{server.port}", server.model, server.label))
         except Exception as e:  # a server that breaks mid-run is reported, the others still run
-            message = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-            say(f"{server.label}: failed while measured: {message}")
-            results.append(dict(base, error=f"failed while measured: {message}", rows=[]))
+            failed_while_measured(entry, e, say)
         finally:
-            stop(proc, log)
+            stop(*running)
+        results.append(entry)
     if on_result is not None:
         on_result(results)
     return results
 
 
-def described(server: Server) -> dict:
-    """The report's entry for a server before it is measured: label, peer, version, exact command, environment."""
+def launch(server: Server, say=print) -> tuple[dict, tuple | None]:
+    """Start `server`: (its report entry: label, peer, version, exact command, environment, seconds to come up;
+    (process, log) to `stop`), or (the entry with its error and no rows, None) where it is unavailable or does not
+    come up."""
     command = " ".join(shlex.quote(c) for c in server.command) if server.command else None
-    return dict(label=server.label, peer=server.peer, version=server.version, command=command, env=server.env)
+    entry = dict(label=server.label, peer=server.peer, version=server.version, command=command, env=server.env)
+    if server.unavailable:
+        say(f"{server.label}: {server.unavailable}")
+        return dict(entry, error=server.unavailable, rows=[]), None
+    say(f"starting {server.label}: {command}")
+    if server.note:
+        say(f"  {server.note}")
+    started = time.monotonic()
+    try:
+        running = start(server, say)
+    except LeapDecodeError as e:
+        say(f"{server.label}: {e}")
+        return dict(entry, error=f"did not start: {e}", rows=[]), None
+    return dict(entry, start_s=round(time.monotonic() - started, 1)), running
+
+
+def failed_while_measured(entry: dict, error: Exception, say=print) -> None:
+    """Mark a server's entry as broken while measured (no rows: a partial measurement is not reported)."""
+    message = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    say(f"{entry['label']}: failed while measured: {message}")
+    entry.update(error=f"failed while measured: {message}", rows=[])
 
 
 def add_ratios(results: list[dict], reference: str = "vllm") -> None:

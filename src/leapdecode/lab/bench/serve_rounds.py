@@ -12,9 +12,7 @@ round's tok/s.
 from __future__ import annotations
 
 import statistics
-import time
 
-from ...errors import LeapDecodeError
 from . import serve_peers
 
 ROUNDS_KEY = "rounds_output_tokens_per_s"
@@ -27,38 +25,27 @@ def run_interleaved(servers, measure_level, levels: list[int], rounds: int, say=
     results, running = {}, []
     try:
         for server in servers:
-            base = results[server.label] = serve_peers.described(server)
-            if server.unavailable:
-                base.update(error=server.unavailable, rows=[])
-                continue
-            say(f"starting {server.label}: {base['command']}")
-            started = time.monotonic()
-            try:
-                proc, log = serve_peers.start(server, say)
-            except LeapDecodeError as e:
-                say(f"{server.label}: {e}")
-                base.update(error=f"did not start: {e}", rows=[])
-                continue
-            base.update(rounds=[], start_s=round(time.monotonic() - started, 1))
-            running.append((server, proc, log))
+            entry, started = serve_peers.launch(server, say)
+            results[server.label] = entry
+            if started is not None:
+                entry["rounds"] = []
+                running.append((server, started))
         for r in range(rounds):
             order = running if r % 2 == 0 else running[::-1]
             for level in levels:
-                for server, _, _ in order:
-                    result = results[server.label]
-                    if "error" in result:
+                for server, _ in order:
+                    entry = results[server.label]
+                    if "error" in entry:
                         continue
                     say(f"round {r + 1}/{rounds}, {server.label}")
                     try:
                         row = measure_level(f"http://127.0.0.1:{server.port}", server.model, server.label, level, r + 1)
-                        result["rounds"].append(dict(row, round=r + 1))
+                        entry["rounds"].append(dict(row, round=r + 1))
                     except Exception as e:  # reported; the other server goes on
-                        message = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-                        say(f"{server.label}: failed while measured: {message}")
-                        result.update(error=f"failed while measured: {message}", rows=[])
+                        serve_peers.failed_while_measured(entry, e, say)
     finally:
-        for _, proc, log in running:
-            serve_peers.stop(proc, log)
+        for _, started in running:
+            serve_peers.stop(*started)
     out = []
     for result in results.values():
         by_level = result.pop("rounds", [])
