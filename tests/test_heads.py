@@ -100,6 +100,8 @@ def test_head_also_scores_the_requests_own_tokens(target):
     drafter = HeadDrafter(head)
     drafter.start([7, 9, 11, 8], None)
     drafter.observe([7, 9, 11, 8, 13], 1)
+    assert drafter.extra_ids == [7, 9, 11, 13]
+    assert len(drafter._extra_weight) == 0, "observing without drafting gathered output-head rows"
     allowed = torch.tensor(sorted(set(range(0, 96, 2)) | {7, 9, 11, 13}))
     full = target.get_output_embeddings().weight.detach()
     picks = []

@@ -294,6 +294,18 @@ def test_prompt_chunks_ride_along_up_to_the_prefill_budget():
     assert [(s.kv, s.n) for s in plan.segments] == [(streaming.kv, 1), (first.kv, 16)]
 
 
+def test_a_short_prompt_is_read_whole_where_no_chunk_keeps_the_slowdown():
+    """Beside one stream (1 s) no chunk keeps 2 s: MIN_CHUNK rows cost 17 s. A 30-row prompt fits in a step of at most
+    2 x 17 s, so it is read whole (31 rows) rather than in a 16-row chunk and then another."""
+    scheduler = make(draft=FIXED, max_batch_tokens=64)
+    (streaming,) = add(scheduler, [5, 6, 7])
+    step(scheduler)
+    scheduler.costs = Linear()
+    (prompt,) = add(scheduler, range(10, 40))
+    plan = scheduler.schedule()
+    assert [(s.kv, s.n) for s in plan.segments] == [(streaming.kv, 1), (prompt.kv, 30)]
+
+
 def test_a_lone_prompt_takes_the_whole_row_budget_whatever_steps_cost():
     scheduler = make(max_batch_tokens=64)
     scheduler.costs = Linear()
@@ -337,6 +349,12 @@ def test_the_prefill_budget_is_the_most_rows_within_the_slowdown():
     assert scheduler._prefill_budget(21, 256) == 42
     assert scheduler._prefill_budget(20, 30) == 30  # the row budget caps it
     assert scheduler._prefill_budget(4, 256) == 20  # at least MIN_CHUNK prompt rows
+    # 8 s cannot be kept beside 4 rows (MIN_CHUNK more cost 20 s): a prompt whose rest fits within 2 x 20 s is read
+    # whole, a longer one (or one the row budget cannot hold) advances by MIN_CHUNK, a shorter one fits the floor
+    assert scheduler._prefill_budget(4, 256, rest=36) == 40
+    assert [scheduler._prefill_budget(4, 256, rest=37), scheduler._prefill_budget(4, 30, rest=30)] == [20, 20]
+    assert scheduler._prefill_budget(4, 256, rest=10) == 20
+    assert scheduler._prefill_budget(20, 256, rest=100) == 40  # where the bound can be kept, it is
     slower = make(max_decode_slowdown=1.5)
     slower.costs = Linear()
     assert slower._prefill_budget(20, 256) == 36  # 30 rows would do; the MIN_CHUNK floor is higher

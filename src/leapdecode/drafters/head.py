@@ -41,7 +41,8 @@ class HeadDrafter(Drafter):
         self.feature = None
         self.known = set(self.head.vocab_ids.tolist())
         self.extra_ids: list[int] = []  # request tokens outside vocab_ids
-        self.extra_weight = self.head.out_weight[:0]  # their output-head rows
+        # the output-head rows of the first extra_ids: gathered when a draft needs them (extra_weight)
+        self._extra_weight = self.head.out_weight[:0]
         self._add(prompt_ids)
 
     def observe(self, context: list[int], n_new: int) -> None:
@@ -55,7 +56,15 @@ class HeadDrafter(Drafter):
         if new:
             self.known.update(new)
             self.extra_ids += new
-            self.extra_weight = torch.cat([self.extra_weight, self.head.rows(new)])
+
+    @property
+    def extra_weight(self) -> torch.Tensor:
+        """The output-head rows of extra_ids, gathered only when a draft needs them: most steps under load draft
+        nothing, and a step that only observes new tokens should cost nothing (no copy of a growing matrix)."""
+        have = len(self._extra_weight)
+        if have < len(self.extra_ids):
+            self._extra_weight = torch.cat([self._extra_weight, self.head.rows(self.extra_ids[have:])])
+        return self._extra_weight
 
     def propose(self, context: list[int], k: int) -> Draft:
         return self.propose_many([self], [context], [k])[0]
@@ -83,7 +92,8 @@ class HeadDrafter(Drafter):
         """The most likely token among those the head scores (`scores`: its logits over the head's vocabulary; the
         request's own extra tokens are scored here), and its probability among them."""
         if self.extra_ids:
-            scores = torch.cat([scores, self.extra_weight @ feature.to(self.extra_weight.dtype)])
+            extra = self.extra_weight
+            scores = torch.cat([scores, extra @ feature.to(extra.dtype)])
         probability, best = scores.float().softmax(-1).max(-1)
         n = len(self.head.vocab_ids)
         token = self.head.vocab_ids[best] if best < n else torch.tensor(self.extra_ids[int(best) - n])

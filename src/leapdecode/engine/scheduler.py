@@ -217,7 +217,8 @@ class Scheduler:
         if len(decoding) == streams:  # more streams than rows: the ones served now go to the back of the line
             self.running = [r for r in self.running if r not in decoding] + decoding
         draft_lengths = [0] * len(decoding) if reading else self._draft_lengths(decoding, budget)
-        row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget) if decoding else budget
+        rest = next((len(r.reading) - r.read for r in self.running if not r.decoding), 0)  # the next prompt's
+        row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget, rest) if decoding else budget
         chunks, rows = [], len(decoding) + sum(draft_lengths)
         for request in self.running:
             if not request.decoding and rows < row_budget:
@@ -294,18 +295,30 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(request)
 
-    def _prefill_budget(self, decode_rows: int, budget: int) -> int:
+    def _prefill_budget(self, decode_rows: int, budget: int, rest: int = 0) -> int:
         """Rows a step may hold while streams decode: prompt chunks only up to where the measured step cost reaches
         max_decode_slowdown times a decode-only step (SARATHI: prefill rides along without stalling the streams);
-        at least MIN_CHUNK prompt rows, so a long prompt always advances."""
+        at least MIN_CHUNK prompt rows, so a long prompt always advances.
+
+        Where even MIN_CHUNK rows cost more than that (few streams, whose decode-only steps are far cheaper than any
+        step that reads: a many-row product widens the weights first), the bound cannot be kept. Then a prompt whose
+        `rest` fits in a step costing at most max_decode_slowdown times that cheapest reading step is read whole:
+        the streams wait once instead of over several steps that each pay the reading step's fixed cost. A longer
+        prompt still advances by MIN_CHUNK rows a step, so its many steps each stay as light as they can be."""
         if not self.costs:
             return budget
-        limit = self.config.max_decode_slowdown * self.costs(decode_rows)
-        low, high = decode_rows + MIN_CHUNK, budget
+        slowdown = self.config.max_decode_slowdown
+        floor = min(decode_rows + MIN_CHUNK, budget)
+        limit = slowdown * self.costs(decode_rows)
+        if self.costs(floor) > limit:
+            whole = decode_rows + rest
+            fits = floor < whole <= budget and self.costs(whole) <= slowdown * self.costs(floor)
+            return whole if fits else floor
+        low, high = floor, budget
         while low < high:  # the largest row count whose cost stays within the limit
             mid = (low + high + 1) // 2
             low, high = (mid, high) if self.costs(mid) <= limit else (low, mid - 1)
-        return min(budget, low)
+        return low
 
     def _draft_lengths(self, decoding: list[Request], row_budget: int) -> list[int]:
         if not self.draft.adaptive_draft_length:  # each its fixed k, while the step's rows stay within the budget
