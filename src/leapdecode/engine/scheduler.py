@@ -211,13 +211,13 @@ class Scheduler:
 
     def _plan(self) -> StepPlan:
         budget = self.config.max_batch_tokens
-        reading = any(not r.decoding for r in self.running)
+        rest = next((len(r.reading) - r.read for r in self.running if not r.decoding), 0)  # the next prompt's
+        reading = rest > 0
         streams = budget - min(MIN_CHUNK, budget // 2) if reading else budget  # a prompt being read always advances
         decoding = [r for r in self.running if r.decoding][:streams]
         if len(decoding) == streams:  # more streams than rows: the ones served now go to the back of the line
             self.running = [r for r in self.running if r not in decoding] + decoding
         draft_lengths = [0] * len(decoding) if reading else self._draft_lengths(decoding, budget)
-        rest = next((len(r.reading) - r.read for r in self.running if not r.decoding), 0)  # the next prompt's
         row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget, rest) if decoding else budget
         chunks, rows = [], len(decoding) + sum(draft_lengths)
         for request in self.running:
