@@ -575,7 +575,13 @@ def test_the_engine_plans_rows_at_most_twice_as_far_as_it_has_measured():
     def running(n):
         demand = DraftDemand(acceptance=0.95, draft_seconds=0.0, cap=16)
         return [
-            SimpleNamespace(seq=SimpleNamespace(room=64, controller=SimpleNamespace(demand=lambda room: demand)))
+            SimpleNamespace(
+                seq=SimpleNamespace(
+                    room=64,
+                    controller=SimpleNamespace(demand=lambda room: demand),
+                    drafter=SimpleNamespace(estimates_acceptance=False),
+                )
+            )
             for _ in range(n)
         ]
 

@@ -44,6 +44,32 @@ def collect(engine, prompts, max_new_tokens=40, **options):
     return [([t for o in outputs[rid] for t in o.new_token_ids], outputs[rid][-1]) for rid in ids]
 
 
+def test_a_request_preempted_with_a_draft_made_ahead_drops_it(target):
+    """Prompt lookup drafts before the plan (it estimates acceptance); a request preempted in that step (KV) must
+    not carry the draft into the step that ends its reading again, which verifies nothing."""
+    from leapdecode.sequence import draft_ahead
+
+    engine = Engine(target, drafter="prompt-lookup", prefix_cache_tokens=0)
+    outputs: dict = {}
+    ids = [
+        engine.add_request(p, max_new_tokens=30, on_output=lambda o: outputs.setdefault(o.request_id, []).append(o))
+        for p in PROMPTS[:2]
+    ]
+    victim = None
+    while victim is None:  # step until a decoding request's context repeats itself: then lookup has a copy
+        engine.step()
+        for r in engine.scheduler.running:
+            if victim is None and r.decoding and r.seq.out and draft_ahead([r.seq], [4], 0.0)[0]:
+                victim = r
+    assert victim.seq.ahead and victim.seq.draft.tokens
+    engine.scheduler._preempt(victim)
+    while engine.has_work:
+        engine.step()
+    for rid, prompt in zip(ids, PROMPTS[:2]):
+        assert outputs[rid][-1].finish_reason == "length"
+        assert [t for o in outputs[rid] for t in o.new_token_ids] == solo(target, prompt, 30)
+
+
 @pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])
 def test_a_small_kv_budget_is_never_exceeded_and_preemption_loses_nothing(target, drafter):
     budget_tokens = 300  # a few requests' worth: the others wait or get preempted

@@ -54,17 +54,21 @@ def test_head_drafts_are_accepted_in_decoding(target):
 
 
 def test_unsure_drafts_stop_early(target):
-    """With a confidence threshold the head stops once its path probability falls under it, keeping one token."""
+    """With a confidence threshold the head stops once its draft's estimated probability of acceptance falls under
+    it (or would be expected to); a token that fell under is still proposed (the calibration scores it against the
+    step's outcome) but not drafted."""
     head, _ = tiny_head(target, trained=False)
     context = greedy_records(target, 1, seed=7)[0]["prompt_ids"]
     feature = torch.randn(target.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    lengths = {}
+    lengths, proposed = {}, {}
     for confidence in (0.0, 0.999):
         drafter = make_drafter("head", head=head, lookup_ngram=0, confidence=confidence)
         drafter.start(context, None)
         drafter.see_hidden(feature)
         lengths[confidence] = len(drafter.propose(context, 6).tokens)
-    assert lengths == {0.0: 6, 0.999: 1}
+        proposed[confidence] = len(drafter.proposal[0]) if drafter.proposal else 0
+    # 0.999: not even the first head step may expect to reach it (the head's mean acceptance is under it)
+    assert lengths == {0.0: 6, 0.999: 0} and proposed == {0.0: 6, 0.999: 0}
     with pytest.raises(LeapDecodeError, match="confidence threshold must be in"):
         make_drafter("head", head=head, confidence=1.5)
 
@@ -276,26 +280,33 @@ def test_cli_continues_training_a_head_on_given_answers(tmp_path):
 
 
 def rule(drafter, context, k):
-    """The head drafter's rule, step by step: copy what the lookup finds, roll the feature through the copied tokens,
-    then draft the head's top-1 token while the path's probability stays above the confidence (at least one)."""
+    """The head drafter's rule, step by step: the lookup's copy where it finds one (cut where the estimated
+    probability that all of it is accepted falls under the floor); else the head's top-1 tokens while that
+    probability stays at or above the floor, and only while the next token may expect to stay there."""
+    from leapdecode.drafters.head import HEAD_PRIOR
     from leapdecode.kernels import packed_kernels
 
     if k == 0 or drafter.feature is None:
         return []
-    tokens = list(drafter.lookup.propose(context, k).tokens)
-    feature, token = drafter.feature, torch.tensor(context[-1])
+    if drafter.lookup:
+        drafter.lookup.floor = drafter.stop_below
+        copied = drafter.lookup.propose(context, k).tokens
+        if copied:
+            return list(copied)
+    feature, token, tokens, probability = drafter.feature, torch.tensor(context[-1]), [], 1.0
+    group = ("head", True)
     with torch.inference_mode(), packed_kernels(True):
-        for copied in tokens[:k]:
-            feature, token = drafter.head.step(feature, token), torch.tensor(copied)
-        probability = 1.0
         while len(tokens) < k:
             feature = drafter.head.step(feature, token)
-            token, p = drafter._top1(feature, drafter.head.logits(feature))
-            probability *= p
-            if probability < drafter.confidence and tokens:
+            best, p = drafter._top1(feature, drafter.head.logits(feature))
+            probability *= drafter.calibration.rate(group, min(int(p * 20), 19), p)
+            if probability < drafter.stop_below:
                 break
-            tokens.append(int(token))
-    return tokens[:k]
+            tokens.append(best)
+            token = torch.tensor(best)
+            if probability * drafter.calibration.mean(group, HEAD_PRIOR) < drafter.stop_below:
+                break
+    return tokens
 
 
 def test_drafts_made_together_equal_drafts_made_alone(target):
@@ -325,7 +336,7 @@ def test_drafts_made_together_equal_drafts_made_alone(target):
     assert [d.tokens for d in together] == [d.tokens for d in alone] == by_rule
     assert [len(d.tokens) for d in together][4:] == [0, 0] and all(len(d.tokens) <= k for d, k in zip(together, ks))
     assert any(0 < len(d.tokens) < k for d, k in zip(together, ks))  # a confidence stop was exercised
-    assert len(drafters[3].lookup.propose(contexts[3], ks[3]).tokens) > 1  # the head rolled through copied tokens
+    assert together[3].tokens == contexts[3][4:7], "the lookup's copy is the draft"
 
 
 def test_int8_products_follow_fp32_and_work_row_by_row():

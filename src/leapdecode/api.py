@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .controller import DraftLengthController
+from .controller import DraftLengthController, costs_for
 from .decode import decode
 from .drafters import Drafter
 from .drafters.factory import build_drafter
@@ -76,7 +76,7 @@ def generate(
         prompt_ids,
         chosen,
         sampling=params.sampling,
-        controller=DraftLengthController(**draft.controller_options()),
+        controller=DraftLengthController(**draft.controller_options(), costs=costs_for(target.model)),
         max_new_tokens=params.max_new_tokens,
         eos_ids=set(target.eos_token_ids),
         context_length=context,

@@ -16,6 +16,7 @@ under load the marginal cost of verification rows, not the per-sequence acceptan
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -78,11 +79,20 @@ class StepCost:
 @dataclass
 class DraftDemand:
     """What the planner knows of one decoding sequence: its acceptance estimate, its drafter's seconds per draft
-    token, and the most draft tokens it may take this step."""
+    token, and the most draft tokens it may take this step. `chain`: for a draft already made by a drafter that
+    estimates acceptance, the probability that its first j + 1 tokens are all accepted, per j (it replaces
+    acceptance^(j + 1), and the draft's length caps k)."""
 
     acceptance: float
     draft_seconds: float
     cap: int
+    chain: tuple[float, ...] | None = None
+
+    def gain(self, k: int) -> float:
+        """Expected accepted tokens that the (k + 1)-th draft token adds; -1 past the cap."""
+        if self.chain is not None:
+            return self.chain[k] if k < min(self.cap, len(self.chain)) else -1.0
+        return self.acceptance ** (k + 1) if k < self.cap else -1.0
 
 
 def plan_draft_lengths(
@@ -99,7 +109,7 @@ def plan_draft_lengths(
     order with the most expected tokens per second (forward cost at the new row count plus drafting time), all zeros
     included. Costs must hold at least one measurement."""
     ks = [0] * len(demands)
-    budget = sum(d.cap for d in demands)
+    budget = sum(d.cap if d.chain is None else min(d.cap, len(d.chain)) for d in demands)
     if row_budget is not None:
         budget = min(budget, row_budget - base_rows)
     if budget <= 0:
@@ -107,7 +117,7 @@ def plan_draft_lengths(
     tokens, draft_time, added = base_tokens, 0.0, 0
     best, best_rate = list(ks), base_tokens / costs(base_rows)
     while added < budget:
-        gains = [(d.acceptance ** (k + 1) if k < d.cap else -1.0, i) for i, (d, k) in enumerate(zip(demands, ks))]
+        gains = [(d.gain(k), i) for i, (d, k) in enumerate(zip(demands, ks))]
         gain, i = max(gains)
         if gain < 0:
             break
@@ -208,6 +218,41 @@ class DraftLengthController:
             [self.demand(self.k_max)], self.costs, base_rows=1, base_tokens=1.0, k_min=self.k_min
         )[0]
 
+    @property
+    def cap(self) -> int:
+        """The most draft tokens a step may take."""
+        return self.k_max if self.adaptive else self.k
+
+    def floor(self) -> float:
+        """The least probability of acceptance at which one more draft token could pay for one request alone: the
+        measured cost of a forward's second row over its first (0 until both are measured)."""
+        if 1 in self.costs and 2 in self.costs:
+            return max(0.0, self.costs(2) / self.costs(1) - 1)
+        return 0.0
+
+    def choose(self, chain: tuple[float, ...]) -> int:
+        """How much of a draft made first (drafters that estimate acceptance) to verify: the prefix with the most
+        expected tokens per second; the whole draft at a fixed k; none until a plain step has been timed."""
+        if not self.adaptive:
+            return len(chain)
+        if 1 not in self.costs:
+            return 0
+        # costs beyond the largest measured forward are guessed flat (optimistic): explore at most twice as far
+        cap = min(len(chain), 2 * max(self.costs.seconds) - 1)
+        demand = DraftDemand(0.0, 0.0, cap, chain)  # drafting is done: its time is spent either way
+        return plan_draft_lengths([demand], self.costs, base_rows=1, base_tokens=1.0, k_min=self.k_min)[0]
+
     def cost(self, tokens: int) -> float:
         """Seconds of a target forward over `tokens` tokens (see StepCost)."""
         return self.costs(tokens)
+
+
+_shared: "weakref.WeakKeyDictionary[object, StepCost]" = weakref.WeakKeyDictionary()
+
+
+def costs_for(model) -> StepCost:
+    """The forward costs that single-request calls on `model` share (one per model object, so per dtype): each call
+    starts from what earlier calls measured instead of exploring row counts again."""
+    if model not in _shared:
+        _shared[model] = StepCost()
+    return _shared[model]

@@ -56,7 +56,7 @@ def decode(
             on_tokens(new)
         if seq.finished:
             break
-        rows = seq.propose(controller.next_k())
+        rows = seq.propose_alone()
         runner.argmax_only = seq.argmax_only
         t = time.perf_counter()
         logits = runner.forward(rows)

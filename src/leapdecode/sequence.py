@@ -18,6 +18,7 @@ import torch
 
 from .controller import DraftLengthController
 from .drafters.base import EMPTY, Draft, Drafter
+from .drafters.calibration import cumulative
 from .sampling import SamplingConfig, generator_at, probabilities
 from .stats import GenerationStats
 from .verify import greedy_accept, greedy_accept_ids, speculative_accept
@@ -67,6 +68,7 @@ class SequenceState:
         self.num_logprobs = logprobs
         self.logprobs: list[TokenLogprobs] = []  # aligned with `out` when num_logprobs is not None
         self.draft: Draft = EMPTY
+        self.ahead = False  # `draft` came from a drafter that estimates acceptance and waits for the planner's cut
         self.draft_seconds = 0.0
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         self.start = time.perf_counter()
@@ -130,18 +132,43 @@ class SequenceState:
             self.drafter.observe(self.context, len(new))
             if self.drafter.needs_hidden:
                 self.drafter.see_hidden(None if hidden is None else hidden[accepted])
-        self.draft = EMPTY
+        self.drop_draft()
         return new, len(draft.tokens) - accepted
 
+    def drop_draft(self) -> None:
+        """Forget the draft: verified, or never to be (a request preempted after its drafter drafted ahead reads its
+        context again, and the step that ends that reading verifies nothing)."""
+        self.draft, self.ahead = EMPTY, False
+
     def propose(self, k: int) -> list[int]:
-        """Ask the drafter for up to k tokens (capped by `room`); return the rows to feed: [last token + draft]."""
+        """Ask the drafter for up to k tokens (capped by `room`); return the rows to feed: [last token + draft].
+        After `draft_ahead`, cut that draft to k instead."""
+        if self.ahead:
+            self.ahead = False
+            self.draft = self.draft.cut(k)
+            return [self.context[-1]] + self.draft.tokens
         k = min(k, self.room)
         t = time.perf_counter()
         draft = self.drafter.propose(self.context, k) if k > 0 else EMPTY
         return self._take(draft, k, time.perf_counter() - t)
 
+    def propose_alone(self) -> list[int]:
+        """The next forward's rows for a request decoded alone: a drafter that estimates acceptance drafts first, up
+        to the controller's cap, and the controller then keeps the prefix that pays; others draft the controller's k."""
+        controller = self.controller
+        if not (self.drafter.estimates_acceptance and controller.adaptive):
+            return self.propose(controller.next_k())
+        self.drafter.floor = controller.floor()
+        self.propose(controller.cap)
+        return self.propose(controller.choose(self.chain()))
+
+    def chain(self) -> tuple[float, ...]:
+        """For a draft made ahead: the probability that its first j + 1 tokens are all accepted, per j."""
+        return cumulative(self.draft.estimates or ())
+
     def _take(self, draft: Draft, k: int, seconds: float) -> list[int]:
-        self.draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
+        self.draft = draft.cut(k)
+        self.ahead = self.draft.estimates is not None  # the planner may cut it (draft_ahead, propose_alone)
         self.draft_seconds = seconds
         self.stats.draft_time += seconds
         return [self.context[-1]] + self.draft.tokens
@@ -176,7 +203,10 @@ def propose_together(seqs: list[SequenceState], ks: list[int]) -> list[list[int]
     rows: list[list[int]] = [[]] * len(seqs)
     classes: dict[type, list[int]] = {}
     for i, s in enumerate(seqs):
-        classes.setdefault(type(s.drafter), []).append(i)
+        if s.ahead:  # drafted ahead (draft_ahead): only cut
+            rows[i] = s.propose(ks[i])
+        else:
+            classes.setdefault(type(s.drafter), []).append(i)
     for cls, members in classes.items():
         t = time.perf_counter()
         drafts = cls.propose_many(
@@ -186,6 +216,15 @@ def propose_together(seqs: list[SequenceState], ks: list[int]) -> list[list[int]
         for i, draft in zip(members, drafts):
             rows[i] = seqs[i]._take(draft, ks[i], seconds)
     return rows
+
+
+def draft_ahead(seqs: list[SequenceState], caps: list[int], floor: float) -> list[tuple[float, ...]]:
+    """The engine's step for drafters that estimate acceptance: draft up to each cap now (stopping under `floor`),
+    return each draft's chain of acceptance estimates for the planner; `propose_together` then only cuts."""
+    for s in seqs:
+        s.drafter.floor = floor
+    propose_together(seqs, caps)
+    return [s.chain() for s in seqs]
 
 
 def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, done: int) -> list[int]:

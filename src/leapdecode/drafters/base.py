@@ -12,10 +12,19 @@ from ..sampling import SamplingConfig
 @dataclass
 class Draft:
     """Proposed continuation. `probs` [len(tokens), V] is the drafter's distribution q when it sampled its tokens;
-    None means the tokens were chosen deterministically (q is one-hot)."""
+    None means the tokens were chosen deterministically (q is one-hot). `estimates`: from drafters that estimate
+    acceptance (drafters.calibration), each token's probability of being accepted given the ones before it were."""
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+    estimates: tuple[float, ...] | None = None
+
+    def cut(self, k: int) -> "Draft":
+        """The first k tokens."""
+        if k >= len(self.tokens):
+            return self
+        probs = None if self.probs is None else self.probs[:k]
+        return Draft(self.tokens[:k], probs, None if self.estimates is None else self.estimates[:k])
 
 
 EMPTY = Draft([])
@@ -29,6 +38,12 @@ class Drafter:
 
     name = "base"
     needs_hidden = False  # True: the loop calls see_hidden() with the target's last feature after every step
+    # True: drafts carry `estimates`; the caller drafts up to a cap first and then lets the planner cut each draft
+    # where one more verified row stops paying. `floor` is set by the caller before proposing: the least
+    # probability of acceptance at which a further token could still pay (from the measured cost of a row); such a
+    # drafter stops there instead of drafting tokens nobody will verify.
+    estimates_acceptance = False
+    floor = 0.0
 
     def start(self, prompt_ids: list[int], sampling: SamplingConfig) -> None:
         """Called once per request, before decoding starts."""

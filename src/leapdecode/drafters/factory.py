@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from ..errors import LeapDecodeError, require
+from ..kernels import install_packed_linear
 from ..models.resolve import resolve_model
 from . import Drafter, make_drafter
 
@@ -65,6 +66,8 @@ def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", 
         options["draft_model"] = draft.model
     if drafter == "ngram":
         options.setdefault("store_key", target.name)
+    if drafter == "prompt-lookup":
+        options.setdefault("calibration", shared_calibration(target.model, drafter))
     if drafter == "head":
         options["head"] = attached_head(target, options.pop("head", None) or target.name)
     make_drafter(drafter, **options)  # fail now on a bad name or option
@@ -96,15 +99,26 @@ def default_drafter(target_name: str) -> str:
     return "head" if has_shipped_head(target_name) else "prompt-lookup"
 
 
+_calibrations: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def shared_calibration(model: torch.nn.Module, drafter: str):
+    """The acceptance calibration (drafters.calibration) that every `drafter` of this target model shares, across the
+    requests of an engine and the calls of `generate` alike (a draft head keeps its own, on the head)."""
+    from .calibration import AcceptanceCalibration
+
+    return _calibrations.setdefault(model, {}).setdefault(drafter, AcceptanceCalibration())
+
+
 _heads: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
 def attached_head(target, source):
     """The draft head from `source` (a directory, or a target name with a shipped head) attached to the target;
-    loaded once per target model, in the precision that steps it fastest on this host (heads.precision: fp32, bf16
-    or int8 weights, timed on the head itself). Its precision changes its drafts a little, never the output."""
+    loaded once per target model, in the precision that steps it fastest on this host (heads.precision: fp32, bf16,
+    int8 or q8 weights, timed on the head itself). Its precision changes its drafts a little, never the output."""
     from ..heads.model import load_head
-    from ..heads.precision import fastest, int8_available, int8_head
+    from ..heads.precision import fastest, int8_available, int8_head, q8_available, q8_head
 
     loaded = _heads.setdefault(target.model, {})
     if str(source) not in loaded:
@@ -112,5 +126,9 @@ def attached_head(target, source):
         candidates = {"float32": fp32, "bfloat16": load_head(source, dtype=torch.bfloat16).attach(target.model)}
         if int8_available():
             candidates["int8"] = int8_head(fp32)
+        if q8_available():
+            candidates["q8"] = q8_head(fp32)
+        for head in candidates.values():  # timed on the routes it drafts on
+            install_packed_linear(head)
         loaded[str(source)] = candidates[fastest(candidates)]
     return loaded[str(source)]

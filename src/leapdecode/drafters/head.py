@@ -4,41 +4,59 @@ After each verification the decode loop hands over the target's final-norm hidde
 the step's last token; the head rolls it forward one token at a time, proposing its top-1 token each step. The head
 scores the tokens it was trained on plus every token of the current prompt and output (names, numbers and code
 identifiers a request copies are often rare elsewhere). The head has no attention, so it cannot copy long spans; with
-`lookup_ngram` n > 0 (default 2), when the last n or more tokens occurred earlier in the request the draft starts with
-what followed them (prompt lookup) and the head, fed those tokens, continues it to k. The head stops early once the
-product of its top-1 probabilities along the draft falls under `confidence` (EAGLE-2's observation that the draft's
-confidence tracks acceptance); a draft keeps at least one token. Drafting costs a few small matrix products per token
-and no KV cache, so a rejected draft leaves nothing to undo.
+`lookup_ngram` n > 0 (default 2), when the last n or more tokens occurred earlier in the request the draft is what
+followed them (prompt lookup) instead. Every token carries an estimate of its acceptance, learnt online per bin of the
+head's probability or of the position in a copy (drafters.calibration: the head's own probability is overconfident
+away from its training text), so the planner can cut the draft where one more verified row stops paying; the head
+stops early once the estimated probability that the whole draft is accepted falls under the caller's `floor` (or
+`confidence`, whichever is higher: EAGLE-2's observation that the draft's confidence tracks acceptance). Drafting
+costs a few small matrix products per token and no KV cache, so a rejected draft leaves nothing to undo.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import require
 from ..kernels import install_packed_linear, packed_kernels
 from .base import EMPTY, Draft, Drafter
+from .calibration import AcceptanceCalibration
 from .prompt_lookup import PromptLookupDrafter
+
+HEAD_PRIOR = 0.5  # a head token's acceptance before its probability is known
 
 
 class HeadDrafter(Drafter):
     name = "head"
     needs_hidden = True
+    estimates_acceptance = True
 
     def __init__(self, head, lookup_ngram: int = 2, confidence: float = 0.1):
         require(0 <= lookup_ngram <= 3, f"head lookup_ngram must be in 0..3 (0 = no lookup), got {lookup_ngram}")
         require(0 <= confidence < 1, f"head confidence threshold must be in [0, 1), got {confidence}")
         self.head = head
         self.confidence = confidence
-        self.lookup = PromptLookupDrafter(max_ngram=3, min_ngram=lookup_ngram) if lookup_ngram else None
         install_packed_linear(head)
+        if getattr(head, "acceptance", None) is None:  # shared by every request the head drafts for
+            head.acceptance = AcceptanceCalibration()
+        self.calibration: AcceptanceCalibration = head.acceptance
+        self.lookup = (
+            PromptLookupDrafter(max_ngram=3, min_ngram=lookup_ngram, calibration=self.calibration)
+            if lookup_ngram
+            else None
+        )
         self.feature: torch.Tensor | None = None
         self.start([], None)
 
     def start(self, prompt_ids, sampling) -> None:
         self.feature = None
+        self.greedy = sampling is None or sampling.greedy
+        self.proposal: tuple[list[int], list] | None = None  # the head's last proposal, whole: tokens and their bins
+        if self.lookup:
+            self.lookup.start(prompt_ids, sampling)
         self.known = set(self.head.vocab_ids.tolist())
         self.extra_ids: list[int] = []  # request tokens outside vocab_ids
         # the output-head rows of the first extra_ids: gathered when a draft needs them (extra_weight)
@@ -47,6 +65,27 @@ class HeadDrafter(Drafter):
 
     def observe(self, context: list[int], n_new: int) -> None:
         self._add(context[-n_new:])
+        if self.lookup:
+            self.lookup.observe(context, n_new)
+        if self.proposal is not None:
+            tokens, keys = self.proposal
+            self.calibration.record(keys, tokens, context[-n_new:])
+            self.proposal = None
+
+    def _estimate(self, probability: float) -> tuple[tuple, float]:
+        """A head token's calibration key (its probability in twentieths) and its estimated acceptance (its
+        probability itself before any evidence)."""
+        group, where = ("head", self.greedy), min(int(probability * 20), 19)
+        return (group, where), self.calibration.rate(group, where, probability)
+
+    def _worth_a_step(self, probability: float) -> bool:
+        """Whether a draft whose tokens so far are all accepted with `probability` may expect its next head token
+        to stay above the floor (else the head's step would be spent on a token nobody verifies)."""
+        return probability * self.calibration.mean(("head", self.greedy), HEAD_PRIOR) >= self.stop_below
+
+    @property
+    def stop_below(self) -> float:
+        return max(self.confidence, self.floor)
 
     def see_hidden(self, feature: torch.Tensor | None) -> None:
         self.feature = feature
@@ -77,69 +116,84 @@ class HeadDrafter(Drafter):
         drafts: list[Draft] = [EMPTY] * len(drafters)
         rolling = []
         for i, (drafter, context, k) in enumerate(zip(drafters, contexts, ks)):
+            drafter.proposal = None
             if k <= 0 or drafter.feature is None:  # e.g. a KV press prefill that bypassed the final norm
                 continue
-            # a copy: EMPTY is shared
-            copied = list(drafter.lookup.propose(context, k).tokens) if drafter.lookup else []
-            drafts[i] = Draft(copied)
-            if len(copied) < k:
-                rolling.append(_Rolling(i, drafter, k, drafter.feature, context[-1], list(copied), copied))
+            if drafter.lookup:  # a copy is drafted as it is: rolling the head through it costs a step per token
+                drafter.lookup.floor = drafter.stop_below
+                drafts[i] = drafter.lookup.propose(context, k)
+            if not drafts[i].tokens and drafter._worth_a_step(1.0):  # under load the floor may rule out any step
+                rolling.append(_Rolling(i, drafter, k, drafter.feature, context[-1]))
         for head in {id(r.drafter.head): r.drafter.head for r in rolling}.values():
             _roll(head, [r for r in rolling if r.drafter.head is head], drafts)
         return drafts
 
-    def _top1(self, feature: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def _top1(self, feature: torch.Tensor, scores: torch.Tensor) -> tuple[int, float]:
         """The most likely token among those the head scores (`scores`: its logits over the head's vocabulary; the
         request's own extra tokens are scored here), and its probability among them."""
-        if self.extra_ids:
-            extra = self.extra_weight
-            scores = torch.cat([scores, extra @ feature.to(extra.dtype)])
-        probability, best = scores.float().softmax(-1).max(-1)
-        n = len(self.head.vocab_ids)
-        token = self.head.vocab_ids[best] if best < n else torch.tensor(self.extra_ids[int(best) - n])
-        return token, float(probability)
+        return top1_many([self], feature[None], scores[None])[0]
+
+
+def top1_many(drafters: list[HeadDrafter], features: torch.Tensor, scores: torch.Tensor) -> list[tuple[int, float]]:
+    """`_top1` of each row: the shared vocabulary's best score and log-sum-exp for all rows in one call each, then
+    each request's own extra tokens (the vocabulary wins a tie, as it comes first)."""
+    scores = scores.float()
+    norms, (tops, bests) = torch.logsumexp(scores, -1).tolist(), (v.tolist() for v in scores.max(-1))
+    out = []
+    for drafter, feature, norm, top, best in zip(drafters, features, norms, tops, bests):
+        token = int(drafter.head.vocab_ids[best])
+        if drafter.extra_ids:
+            extra = drafter.extra_weight
+            own = (extra @ feature.to(extra.dtype)).float()
+            own_top, own_best = own.max(-1)
+            norm = float(torch.logaddexp(torch.tensor(norm), torch.logsumexp(own, -1)))
+            if float(own_top) > top:
+                top, token = float(own_top), drafter.extra_ids[int(own_best)]
+        out.append((token, math.exp(top - norm)))
+    return out
 
 
 @dataclass
 class _Rolling:
-    """One sequence's draft in the making: the feature and the token the head steps next, the copied tokens still to
-    feed, the tokens so far and the path's probability."""
+    """One sequence's draft in the making: the feature and the token the head steps next; the tokens proposed so far
+    with their bins, the estimates of those above the floor, and the probability that all of them are accepted."""
 
     index: int
     drafter: HeadDrafter
     k: int
     feature: torch.Tensor
     token: int
-    to_feed: list[int]
-    tokens: list[int]
+    tokens: list[int] = field(default_factory=list)
+    keys: list = field(default_factory=list)
+    estimates: list[float] = field(default_factory=list)
     probability: float = 1.0
 
 
 def _roll(head, rolling: list[_Rolling], drafts: list[Draft]) -> None:
-    """Step the features of sequences sharing `head` together: first through their copied tokens, then one drafted
-    token at a time, each sequence stopping at its k or its confidence threshold."""
+    """Step the features of sequences sharing `head` together, one drafted token at a time, each sequence stopping at
+    its k or where the estimated probability of its whole draft falls under its floor (that last token is still
+    proposed, so that the calibration scores it, but not drafted)."""
     with packed_kernels(True):
         while rolling:
             features = head.step(
                 torch.stack([r.feature for r in rolling]), torch.tensor([r.token for r in rolling], dtype=torch.long)
             )
-            drafting = [row for row, r in enumerate(rolling) if not r.to_feed]
-            scores = dict(zip(drafting, head.logits(features[drafting])))  # the shared vocabulary's rows read once
+            scores = head.logits(features)  # the shared vocabulary's rows read once
             going = []
-            for row, r in enumerate(rolling):
+            best = top1_many([r.drafter for r in rolling], features, scores)
+            for row, (r, (token, probability)) in enumerate(zip(rolling, best)):
                 r.feature = features[row]
-                if r.to_feed:  # rolled through one copied token
-                    r.token = r.to_feed.pop(0)
-                    going.append(r)
-                    continue
-                token, probability = r.drafter._top1(r.feature, scores[row])
-                r.probability *= probability
-                if r.probability < r.drafter.confidence and r.tokens:
-                    continue
-                r.token = int(token)
+                key, rate = r.drafter._estimate(probability)
+                r.token = token
                 r.tokens.append(r.token)
-                if len(r.tokens) < r.k:
+                r.keys.append(key)
+                r.probability *= rate
+                if r.probability < r.drafter.stop_below:
+                    continue
+                r.estimates.append(rate)
+                if len(r.tokens) < r.k and r.drafter._worth_a_step(r.probability):
                     going.append(r)
             for r in rolling:
-                drafts[r.index] = Draft(r.tokens)
+                r.drafter.proposal = (r.tokens, r.keys)
+                drafts[r.index] = Draft(r.tokens[: len(r.estimates)], estimates=tuple(r.estimates))
             rolling = going

@@ -1,5 +1,11 @@
 """Prompt lookup decoding (Saxena 2023; input-guided copy): find the latest earlier occurrence of the last n tokens
-in prompt + output and propose the tokens that followed it. Longer n-grams are tried first."""
+in prompt + output and propose the tokens that followed it. Longer n-grams are tried first.
+
+Whether a copy goes on is learnt (drafters.calibration): each copied token's acceptance is estimated per matched
+n-gram length and position in the copy, from how such tokens fared in earlier steps, and the draft stops where the
+probability that all of it is accepted falls under the caller's floor. The planner then verifies only the part that
+pays: where the answer copies the prompt long copies are verified whole, where it does not (a common one-token match)
+the copy costs no verified rows."""
 
 from __future__ import annotations
 
@@ -7,24 +13,60 @@ import torch
 
 from ..errors import require
 from .base import EMPTY, Draft, Drafter
+from .calibration import AcceptanceCalibration
+
+PRIOR = 0.5  # a copied token's acceptance before any evidence
+MAX_POSITION = 7  # positions past it share one bin
 
 
 class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
+    estimates_acceptance = True
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, calibration: AcceptanceCalibration | None = None):
+        """`calibration`: shared with other drafters of the same target (drafters.factory), so that what one request
+        learnt serves the next."""
         require(
             1 <= min_ngram <= max_ngram,
             f"prompt-lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}",
         )
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.calibration = calibration if calibration is not None else AcceptanceCalibration()
+        self.start([], None)
+
+    def start(self, prompt_ids, sampling) -> None:
+        self.greedy = sampling is None or sampling.greedy
+        self.proposal: tuple[list[int], list] | None = None  # the last copy, whole: tokens and their bins
 
     def propose(self, context: list[int], k: int) -> Draft:
+        self.proposal = None
         ids = torch.tensor(context)
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             windows = ids[:-1].unfold(0, n, 1)  # every earlier n-gram that has at least one token after it
             hits = (windows == ids[-n:]).all(-1).nonzero()
             if len(hits):
                 start = int(hits[-1]) + n
-                return Draft(context[start : start + k])
+                return self._estimated(context[start : start + k], n)
         return EMPTY
+
+    def _estimated(self, copied: list[int], n: int) -> Draft:
+        """The copy with each token's estimated acceptance, cut where the probability that all of it is accepted
+        falls under the floor (the whole copy is still proposed: observe scores it)."""
+        group = ("copy", self.greedy)
+        keys, tokens, estimates, running = [], [], [], 1.0
+        for j, token in enumerate(copied):
+            where = (n, min(j, MAX_POSITION))
+            rate = self.calibration.rate(group, where, PRIOR)
+            keys.append((group, where))
+            running *= rate
+            if running >= self.floor and len(tokens) == j:
+                tokens.append(token)
+                estimates.append(rate)
+        self.proposal = (copied, keys)
+        return Draft(tokens, estimates=tuple(estimates))
+
+    def observe(self, context: list[int], n_new: int) -> None:
+        if self.proposal is not None:
+            copied, keys = self.proposal
+            self.calibration.record(keys, copied, context[-n_new:])
+            self.proposal = None

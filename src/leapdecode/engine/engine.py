@@ -291,7 +291,7 @@ class Engine:
                 self.scheduler.costs.record(len(plan.ids), seconds)
                 if plan.decode_only:
                     tokens = sum(len(a.new) for a in results if a.error is None)
-                    self.scheduler.gate.record(len(plan.logits), plan.drafted > 0, tokens, seconds)
+                    self.scheduler.gate.record(len(plan.logits), plan.drafting, tokens, seconds)
             self._seen_rows.add(len(plan.ids))
             self.counters["steps"] += 1
             for accepted in results:

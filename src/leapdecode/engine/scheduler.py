@@ -21,7 +21,7 @@ from ..errors import require
 from ..kv.prefix_cache import PrefixCache
 from ..kv.slots import Segment, SequenceKV, room_for
 from ..params import DraftConfig
-from ..sequence import SequenceState, propose_together
+from ..sequence import SequenceState, draft_ahead, propose_together
 from .gate import SpeculationGate
 from .request import Acceptance, Request
 
@@ -79,6 +79,7 @@ class StepPlan:
     logits: list[Logits] = field(default_factory=list)
     failed: list[tuple[Request, str]] = field(default_factory=list)  # requests whose drafter raised: out of the step
     drafted: int = 0  # draft tokens in the step
+    drafting: bool = False  # drafts were made for the step (the planner may have cut them all): the gate's arm
     decode_only: bool = False  # no prompt chunk in the step: its tokens per second measure decoding at this load
 
     def add(self, request: Request, tokens: list[int], past: int) -> None:
@@ -122,6 +123,7 @@ class Scheduler:
         self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
         self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
         self.gate = SpeculationGate()  # whether drafts have paid at this load, measured
+        self.drafted_ahead = False  # this step's drafters that estimate acceptance drafted (draft_ahead)
         self.prefix_cache = PrefixCache(0 if whole_prompts else min(config.prefix_cache_tokens, kv_tokens // 2))
         self.lock = threading.Lock()  # guards `incoming` (touched by other threads)
         self.incoming: deque[Request] = deque()
@@ -217,6 +219,7 @@ class Scheduler:
         decoding = [r for r in self.running if r.decoding][:streams]
         if len(decoding) == streams:  # more streams than rows: the ones served now go to the back of the line
             self.running = [r for r in self.running if r not in decoding] + decoding
+        self.drafted_ahead = False
         draft_lengths = [0] * len(decoding) if reading else self._draft_lengths(decoding, budget)
         row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget, rest) if decoding else budget
         chunks, rows = [], len(decoding) + sum(draft_lengths)
@@ -249,6 +252,7 @@ class Scheduler:
             plan.add(request, tokens, request.kv.length)
             plan.drafted += len(tokens) - 1
         plan.decode_only = not chunks
+        plan.drafting = plan.drafted > 0 or self.drafted_ahead
         for request, n in chunks:
             done = request.read
             plan.add(request, request.reading[done : done + n], done)
@@ -291,6 +295,7 @@ class Scheduler:
         """Give its KV back; it waits at the front of the queue and will read its context again."""
         self.running.remove(request)
         request.kv = None
+        request.seq.drop_draft()
         request.reading = list(request.seq.context)
         self.preemptions += 1
         self.waiting.appendleft(request)
@@ -320,6 +325,15 @@ class Scheduler:
             low, high = (mid, high) if self.costs(mid) <= limit else (low, mid - 1)
         return low
 
+    def _floor(self, decoding: list[Request]) -> float:
+        """The least probability of acceptance at which one more draft token could pay in a step of these decodes:
+        their tokens times the relative cost of one more row, as measured (interpolated between measured sizes; 0
+        where no larger size is measured)."""
+        rows = len(decoding)
+        if rows not in self.costs or max(self.costs.seconds) <= rows:
+            return 0.0
+        return max(0.0, rows * (self.costs(rows + 1) / self.costs(rows) - 1))
+
     def _draft_lengths(self, decoding: list[Request], row_budget: int) -> list[int]:
         if not self.draft.adaptive_draft_length:  # each its fixed k, while the step's rows stay within the budget
             left, lengths = row_budget - len(decoding), []
@@ -333,6 +347,17 @@ class Scheduler:
         demands = [
             DraftDemand(d.acceptance, 0.0, d.cap) for d in (r.seq.controller.demand(r.seq.room) for r in decoding)
         ]
+        ahead = [i for i, r in enumerate(decoding) if r.seq.drafter.estimates_acceptance]
+        if ahead:  # these draft now, and the plan cuts their drafts by each token's estimated acceptance
+            try:
+                chains = draft_ahead(
+                    [decoding[i].seq for i in ahead], [demands[i].cap for i in ahead], self._floor(decoding)
+                )
+            except Exception:  # noqa: BLE001 - _plan lets each draft alone, so the fault is found and kept to its request
+                chains = []
+            for i, chain in zip(ahead, chains):
+                demands[i].chain = chain
+            self.drafted_ahead = bool(chains)
         # costs beyond the largest measured step are guessed flat (optimistic): explore at most twice as far
         explored = max(self.costs.seconds)
         row_budget = min(row_budget, max(2 * explored, len(decoding) + 1))

@@ -49,7 +49,7 @@ class DraftHead(nn.Module):
         self.embed_weight: torch.Tensor | None = None
         self.out_weight: torch.Tensor | None = None
         self.full_out_weight: torch.Tensor | None = None
-        self.out_linear: nn.Module | None = None  # the output-head slice as a module (heads.precision's int8)
+        self.out_linear: nn.Module | None = None  # the output-head slice as a module (heads.precision)
         self.meta: dict = {}  # head.json of a loaded checkpoint (training summary)
 
     def attach(self, target: nn.Module) -> "DraftHead":
@@ -81,8 +81,10 @@ class DraftHead(nn.Module):
 
     @property
     def precision(self) -> str:
-        """What its products run in: "int8" (heads.precision.int8_head), else its parameters' dtype."""
-        return "int8" if self.out_linear is not None else str(self.embed_norm.weight.dtype).removeprefix("torch.")
+        """What its products run in: "int8" or "q8" (heads.precision), else its parameters' dtype."""
+        if self.out_linear is not None:
+            return self.meta.get("precision", "int8")
+        return str(self.embed_norm.weight.dtype).removeprefix("torch.")
 
     def size(self) -> int:
         """Its own weights (the borrowed output-head slice not counted), whatever precision holds them."""

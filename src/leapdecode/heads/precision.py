@@ -5,8 +5,11 @@ head) is bound by reading those weights, and drafting is a tenth of a speculativ
 changes which tokens it proposes a little, never the output (the target verifies every token), so the fastest is the
 right one. Which is fastest depends on the host: bf16 products pay where the CPU has bf16 arithmetic, or where
 reading half the bytes outweighs converting them; int8 weights (one scale per output row, products on bf16
-activations through torch's weight-only int8 kernel, as gpt-fast runs int8 on CPU) read a quarter of fp32's bytes.
-So each is timed on the head itself, once per head and process (`fastest`).
+activations through torch's weight-only int8 kernel, as gpt-fast runs int8 on CPU) read a quarter of fp32's bytes;
+q8 weights (each rounded to GGUF Q8_0's form: 8-bit codes times one fp16 scale per 32 inputs) read as few and run on
+leapdecode's native kernels, which widen the codes in registers and use both cores.
+So each is timed on the head itself, once per head and process (`fastest`), the way it drafts: on the routes the
+drafter uses, with its weights out of the cache (a target forward runs between two drafts).
 
 Each int8 product works row by row (a row's result does not depend on the others in the batch), so the engine's
 batched drafting keeps giving each sequence the draft it would get alone.
@@ -19,6 +22,12 @@ import time
 
 import torch
 from torch import nn
+
+from ..kernels import install_packed_linear, packed_kernels
+from ..kernels.native_linear import GROUP
+from ..kernels.packed import available
+
+FLUSH_BYTES = 64 << 20  # written between timed steps: more than a CPU's last-level cache holds
 
 
 def int8_available() -> bool:
@@ -65,28 +74,62 @@ def int8_head(head):
     return quantized
 
 
-def fastest(candidates: dict[str, object], repeats: int = 5, steps: int = 20) -> str:
+def q8_head(head):
+    """A copy of an attached fp32 head whose products (its layers and its output-head slice) read 8-bit codes: every
+    weight rounded to Q8_0's form, so that the native kernels (kernels.native_linear) find exact codes and run the
+    products from them. The norms stay fp32 and the target's tensors it borrowed stay shared."""
+    quantized = copy.copy(head)
+    quantized._modules = dict(head._modules)
+    for name in ("fuse", "gate", "up", "down"):
+        quantized._modules[name] = _coded_linear(getattr(head, name).weight)
+    quantized.out_linear = _coded_linear(head.out_weight)
+    quantized.meta = {**head.meta, "precision": "q8"}
+    install_packed_linear(quantized)
+    return quantized
+
+
+def q8_available() -> bool:
+    """Whether the native kernels that run 8-bit codes are built here."""
+    return available("native-q", torch.float32)
+
+
+def _coded_linear(weight: torch.Tensor) -> nn.Linear:
+    groups = weight.detach().float().reshape(weight.shape[0], -1, GROUP)
+    scale = (groups.abs().amax(-1, keepdim=True) / 127).half().float()
+    codes = (groups / scale.clamp_min(torch.finfo(torch.float16).tiny)).round().clamp(-127, 127) + 0.0  # no -0
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    layer.weight = nn.Parameter((scale * codes).reshape(weight.shape), requires_grad=False)
+    return layer
+
+
+def fastest(candidates: dict[str, object], repeats: int = 5, steps: int = 4) -> str:
     """The name of the candidate head whose one-row draft step (step + logits) measures fastest here: each timed
-    `repeats` times over `steps` steps, interleaved, best time kept. A candidate whose step fails here is not
-    chosen (the first candidate, the reference precision, must run)."""
+    `repeats` times over `steps` steps, interleaved, best time kept, on the kernels' routes as the drafter runs it
+    and with the caches flushed before every step (between two drafts a target forward reads far more than they
+    hold). A candidate whose step fails here is not chosen (the first candidate, the reference precision, must
+    run)."""
     d = next(iter(candidates.values())).config.hidden_size
     gen = torch.Generator().manual_seed(0)
     feature, token = torch.randn(1, d, generator=gen), torch.tensor([1])
+    flush = torch.zeros(FLUSH_BYTES // 4)
     best = dict.fromkeys(candidates, float("inf"))
     broken: set[str] = set()
-    with torch.inference_mode():
+    with torch.inference_mode(), packed_kernels(True):
         for _ in range(repeats):
             for name, head in candidates.items():
                 if name in broken:
                     continue
-                start = time.perf_counter()
+                seconds = 0.0
                 try:
                     for _ in range(steps):
+                        flush += 1
+                        start = time.perf_counter()
                         head.logits(head.step(feature, token))
+                        seconds += time.perf_counter() - start
                 except Exception:  # noqa: BLE001 - a private kernel refusing this shape: that precision is out
                     if name == next(iter(candidates)):
                         raise
                     broken.add(name)
                     continue
-                best[name] = min(best[name], time.perf_counter() - start)
+                best[name] = min(best[name], seconds)
     return min(best, key=best.get)
