@@ -133,6 +133,15 @@ def plan_draft_lengths(
     return best
 
 
+def row_floor(costs: StepCost, rows: int) -> float:
+    """The least probability of acceptance at which one more draft token could pay in a forward of `rows` rows that
+    yields `rows` tokens: rows times the relative cost of one more row, as measured (interpolated between measured
+    sizes; 0 where `rows` or no larger size is measured)."""
+    if rows not in costs or max(costs.seconds) <= rows:
+        return 0.0
+    return max(0.0, rows * (costs(rows + 1) / costs(rows) - 1))
+
+
 @dataclass
 class DraftLengthController:
     """Chooses k in [0, k_max] per step; `adaptive=False` keeps k at k_init. `k_min` is the smallest k tried when
@@ -224,11 +233,8 @@ class DraftLengthController:
         return self.k_max if self.adaptive else self.k
 
     def floor(self) -> float:
-        """The least probability of acceptance at which one more draft token could pay for one request alone: the
-        measured cost of a forward's second row over its first (0 until both are measured)."""
-        if 1 in self.costs and 2 in self.costs:
-            return max(0.0, self.costs(2) / self.costs(1) - 1)
-        return 0.0
+        """`row_floor` for one request alone."""
+        return row_floor(self.costs, 1)
 
     def choose(self, chain: tuple[float, ...]) -> int:
         """How much of a draft made first (drafters that estimate acceptance) to verify: the prefix with the most

@@ -57,3 +57,10 @@ def cumulative(rates: Sequence[float]) -> tuple[float, ...]:
         running *= rate
         out.append(running)
     return tuple(out)
+
+
+def score(calibration: AcceptanceCalibration, proposal: tuple[list[int], list] | None, produced: list[int]) -> None:
+    """A drafter's observe: score its last proposal (tokens, keys), if it made one, against the step's tokens."""
+    if proposal is not None:
+        tokens, keys = proposal
+        calibration.record(keys, tokens, produced)

@@ -23,7 +23,7 @@ import torch
 from ..errors import require
 from ..kernels import install_packed_linear, packed_kernels
 from .base import EMPTY, Draft, Drafter
-from .calibration import AcceptanceCalibration
+from .calibration import AcceptanceCalibration, score
 from .prompt_lookup import PromptLookupDrafter
 
 HEAD_PRIOR = 0.5  # a head token's acceptance before its probability is known
@@ -67,10 +67,8 @@ class HeadDrafter(Drafter):
         self._add(context[-n_new:])
         if self.lookup:
             self.lookup.observe(context, n_new)
-        if self.proposal is not None:
-            tokens, keys = self.proposal
-            self.calibration.record(keys, tokens, context[-n_new:])
-            self.proposal = None
+        score(self.calibration, self.proposal, context[-n_new:])
+        self.proposal = None
 
     def _estimate(self, probability: float) -> tuple[tuple, float]:
         """A head token's calibration key (its probability in twentieths) and its estimated acceptance (its

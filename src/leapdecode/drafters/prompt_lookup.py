@@ -13,7 +13,7 @@ import torch
 
 from ..errors import require
 from .base import EMPTY, Draft, Drafter
-from .calibration import AcceptanceCalibration
+from .calibration import AcceptanceCalibration, score
 
 PRIOR = 0.5  # a copied token's acceptance before any evidence
 MAX_POSITION = 7  # positions past it share one bin
@@ -66,7 +66,5 @@ class PromptLookupDrafter(Drafter):
         return Draft(tokens, estimates=tuple(estimates))
 
     def observe(self, context: list[int], n_new: int) -> None:
-        if self.proposal is not None:
-            copied, keys = self.proposal
-            self.calibration.record(keys, copied, context[-n_new:])
-            self.proposal = None
+        score(self.calibration, self.proposal, context[-n_new:])
+        self.proposal = None

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
+from ..controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths, row_floor
 from ..drafters import Drafter
 from ..errors import require
 from ..kv.prefix_cache import PrefixCache
@@ -325,15 +325,6 @@ class Scheduler:
             low, high = (mid, high) if self.costs(mid) <= limit else (low, mid - 1)
         return low
 
-    def _floor(self, decoding: list[Request]) -> float:
-        """The least probability of acceptance at which one more draft token could pay in a step of these decodes:
-        their tokens times the relative cost of one more row, as measured (interpolated between measured sizes; 0
-        where no larger size is measured)."""
-        rows = len(decoding)
-        if rows not in self.costs or max(self.costs.seconds) <= rows:
-            return 0.0
-        return max(0.0, rows * (self.costs(rows + 1) / self.costs(rows) - 1))
-
     def _draft_lengths(self, decoding: list[Request], row_budget: int) -> list[int]:
         if not self.draft.adaptive_draft_length:  # each its fixed k, while the step's rows stay within the budget
             left, lengths = row_budget - len(decoding), []
@@ -351,7 +342,9 @@ class Scheduler:
         if ahead:  # these draft now, and the plan cuts their drafts by each token's estimated acceptance
             try:
                 chains = draft_ahead(
-                    [decoding[i].seq for i in ahead], [demands[i].cap for i in ahead], self._floor(decoding)
+                    [decoding[i].seq for i in ahead],
+                    [demands[i].cap for i in ahead],
+                    row_floor(self.costs, len(decoding)),
                 )
             except Exception:  # noqa: BLE001 - _plan lets each draft alone, so the fault is found and kept to its request
                 chains = []
