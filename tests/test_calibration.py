@@ -10,7 +10,7 @@ from conftest import tiny_head, tiny_model
 from leapdecode.controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths
 from leapdecode.drafters import make_drafter
 from leapdecode.drafters.base import Draft, Drafter
-from leapdecode.drafters.calibration import PRIOR_WEIGHT, AcceptanceCalibration, cumulative
+from leapdecode.drafters.calibration import EXPLORE_EVERY, PRIOR_WEIGHT, AcceptanceCalibration, cumulative
 from leapdecode.sampling import SamplingConfig
 from leapdecode.sequence import SequenceState
 
@@ -84,6 +84,31 @@ def test_the_head_takes_no_step_whose_token_could_not_be_drafted(target):
     assert len(drafter.propose([3, 4, 5], 4).tokens) == 1 and len(drafter.proposal[0]) == 1
     drafter.floor = 0.3  # not even the first (a heavy load): no head step at all
     assert drafter.propose([3, 4, 5], 4).tokens == [] and drafter.proposal is None
+
+
+def test_a_head_whose_mean_fell_under_the_floor_is_measured_again(target):
+    """A head skipped for its low mean takes one scored (not drafted) step in EXPLORE_EVERY, so its mean rises again
+    once its tokens are right, and it drafts again."""
+    head, _ = tiny_head(target, trained=False, seed=6)
+    cal = head.acceptance = AcceptanceCalibration()
+    cal.seen[G], cal.hits[G] = 50.0, 0.0  # the head has been wrong for a while
+    drafter = make_drafter("head", head=head, lookup_ngram=0, confidence=0.0)
+    context = [3, 4, 5]
+    drafter.start(context, None)
+    drafter.floor = 0.2
+    scored, first_draft = [], None
+    for step in range(40 * EXPLORE_EVERY):
+        drafter.see_hidden(torch.ones(head.config.hidden_size))
+        draft = drafter.propose(context, 4)
+        if draft.tokens and first_draft is None:
+            first_draft = step
+        proposed = drafter.proposal[0] if drafter.proposal else None
+        if proposed is not None:
+            scored.append(step)
+        produced = list(proposed[:1]) if proposed else [7]  # the target agrees with the head's first token
+        drafter.observe(context + produced, len(produced))
+    assert scored[:2] == [EXPLORE_EVERY - 1, 2 * EXPLORE_EVERY - 1]  # one scored step in EXPLORE_EVERY
+    assert first_draft is not None and cal.mean(G, 0.5) > 0.2  # ...until the mean passes the floor: drafts again
 
 
 def test_prompt_lookup_learns_where_copies_go_on():

@@ -11,6 +11,9 @@ planner cut or that fell below the floor) with the tokens the step produced. Pos
 whenever the step produced more than j tokens and the proposal's earlier tokens matched them: the step's last token
 is the target's own choice, so a proposal is scored one token past what was verified, and a step that drafts nothing
 still scores its first token. Greedy and sampled requests keep separate counts (their acceptance differs).
+
+A drafter that skips drafting because a group's mean is under its floor drafts anyway once in EXPLORE_EVERY skips
+(`explore`), its token scored and not verified, so that a mean that fell under the floor can rise again.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 PRIOR_WEIGHT = 2.0  # the prior is worth this many samples of a bin
+EXPLORE_EVERY = 32  # skips of a group (its mean under the floor) between two drafts made to score it anyway
 
 
 class AcceptanceCalibration:
@@ -27,6 +31,7 @@ class AcceptanceCalibration:
     def __init__(self) -> None:
         self.hits: dict[Hashable, float] = {}
         self.seen: dict[Hashable, float] = {}
+        self.skipped: dict[Hashable, int] = {}
 
     def rate(self, group: Hashable, bin: Hashable, prior: float) -> float:
         """P(a token of this bin is accepted | the draft's earlier tokens were)."""
@@ -48,6 +53,14 @@ class AcceptanceCalibration:
                 self.hits[counted] = self.hits.get(counted, 0.0) + hit
             if not hit:
                 return
+
+    def explore(self, group: Hashable) -> bool:
+        """Called by a drafter each time it skips drafting because `group`'s mean is under its floor: True once in
+        EXPLORE_EVERY calls, when it should draft anyway so the group's mean is measured again (else a mean that fell
+        under the floor, e.g. on other text, would never be revised)."""
+        count = self.skipped.get(group, 0) + 1
+        self.skipped[group] = count % EXPLORE_EVERY
+        return count == EXPLORE_EVERY
 
 
 def cumulative(rates: Sequence[float]) -> tuple[float, ...]:

@@ -73,13 +73,18 @@ class HeadDrafter(Drafter):
     def _estimate(self, probability: float) -> tuple[tuple, float]:
         """A head token's calibration key (its probability in twentieths) and its estimated acceptance (its
         probability itself before any evidence)."""
-        group, where = ("head", self.greedy), min(int(probability * 20), 19)
-        return (group, where), self.calibration.rate(group, where, probability)
+        where = min(int(probability * 20), 19)
+        return (self.group, where), self.calibration.rate(self.group, where, probability)
 
     def _worth_a_step(self, probability: float) -> bool:
         """Whether a draft whose tokens so far are all accepted with `probability` may expect its next head token
         to stay above the floor (else the head's step would be spent on a token nobody verifies)."""
-        return probability * self.calibration.mean(("head", self.greedy), HEAD_PRIOR) >= self.stop_below
+        return probability * self.calibration.mean(self.group, HEAD_PRIOR) >= self.stop_below
+
+    @property
+    def group(self) -> tuple:
+        """The calibration group of this request's head tokens (greedy and sampled requests learn apart)."""
+        return ("head", self.greedy)
 
     @property
     def stop_below(self) -> float:
@@ -120,7 +125,8 @@ class HeadDrafter(Drafter):
             if drafter.lookup:  # a copy is drafted as it is: rolling the head through it costs a step per token
                 drafter.lookup.floor = drafter.stop_below
                 drafts[i] = drafter.lookup.propose(context, k)
-            if not drafts[i].tokens and drafter._worth_a_step(1.0):  # under load the floor may rule out any step
+            # under load the floor may rule out any step; now and then one is taken anyway, only to be scored
+            if not drafts[i].tokens and (drafter._worth_a_step(1.0) or drafter.calibration.explore(drafter.group)):
                 rolling.append(_Rolling(i, drafter, k, drafter.feature, context[-1]))
         for head in {id(r.drafter.head): r.drafter.head for r in rolling}.values():
             _roll(head, [r for r in rolling if r.drafter.head is head], drafts)
@@ -133,21 +139,27 @@ class HeadDrafter(Drafter):
 
 
 def top1_many(drafters: list[HeadDrafter], features: torch.Tensor, scores: torch.Tensor) -> list[tuple[int, float]]:
-    """`_top1` of each row: the shared vocabulary's best score and log-sum-exp for all rows in one call each, then
-    each request's own extra tokens (the vocabulary wins a tie, as it comes first)."""
+    """`_top1` of each row. A row whose request has no extra tokens reads the shared vocabulary's best score and
+    log-sum-exp, computed for all such rows in one call each; a row with extra tokens scores them and takes both from
+    its shared scores and its own in one row (the vocabulary wins a tie, as it comes first). Few small calls a row:
+    at one stream a head step's cost is mostly calls, not arithmetic."""
     scores = scores.float()
-    norms, (tops, bests) = torch.logsumexp(scores, -1).tolist(), (v.tolist() for v in scores.max(-1))
-    out = []
-    for drafter, feature, norm, top, best in zip(drafters, features, norms, tops, bests):
-        token = int(drafter.head.vocab_ids[best])
-        if drafter.extra_ids:
-            extra = drafter.extra_weight
-            own = (extra @ feature.to(extra.dtype)).float()
-            own_top, own_best = own.max(-1)
-            norm = float(torch.logaddexp(torch.tensor(norm), torch.logsumexp(own, -1)))
-            if float(own_top) > top:
-                top, token = float(own_top), drafter.extra_ids[int(own_best)]
-        out.append((token, math.exp(top - norm)))
+    own = [d.extra_weight @ f.to(d.extra_weight.dtype) if d.extra_ids else None for d, f in zip(drafters, features)]
+    plain = [i for i, o in enumerate(own) if o is None]
+    out: list[tuple[int, float] | None] = [None] * len(drafters)
+    if plain:
+        rows = scores[plain] if len(plain) < len(drafters) else scores
+        norms, (tops, bests) = torch.logsumexp(rows, -1).tolist(), (v.tolist() for v in rows.max(-1))
+        for i, norm, top, best in zip(plain, norms, tops, bests):
+            out[i] = (drafters[i].head.vocab_list[best], math.exp(top - norm))
+    for i, extra in enumerate(own):
+        if extra is not None:
+            row = torch.cat([scores[i], extra.float()])
+            top, best = (v.item() for v in row.max(-1))
+            norm = torch.logsumexp(row, -1).item()
+            shared = len(drafters[i].head.vocab_list)
+            token = drafters[i].head.vocab_list[best] if best < shared else drafters[i].extra_ids[best - shared]
+            out[i] = (token, math.exp(top - norm))
     return out
 
 

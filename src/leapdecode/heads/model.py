@@ -64,6 +64,7 @@ class DraftHead(nn.Module):
         self.embed_weight = embed.weight.detach()
         self.full_out_weight = out.weight.detach()
         self.out_weight = out.weight.detach()[self.vocab_ids].to(self.fuse.weight.dtype).contiguous()
+        self.vocab_list = self.vocab_ids.tolist()  # read per draft token: a list index, not a tensor index
         return self
 
     def step(self, feature: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
