@@ -57,7 +57,7 @@ class HeadDrafter(Drafter):
         self.proposal: tuple[list[int], list] | None = None  # the head's last proposal, whole: tokens and their bins
         if self.lookup:
             self.lookup.start(prompt_ids, sampling)
-        self.known = set(self.head.vocab_ids.tolist())
+        self.known = set(self.head.vocab_list)
         self.extra_ids: list[int] = []  # request tokens outside vocab_ids
         # the output-head rows of the first extra_ids: gathered when a draft needs them (extra_weight)
         self._extra_weight = self.head.out_weight[:0]
@@ -144,7 +144,7 @@ def top1_many(drafters: list[HeadDrafter], features: torch.Tensor, scores: torch
     its shared scores and its own in one row (the vocabulary wins a tie, as it comes first). Few small calls a row:
     at one stream a head step's cost is mostly calls, not arithmetic."""
     scores = scores.float()
-    own = [d.extra_weight @ f.to(d.extra_weight.dtype) if d.extra_ids else None for d, f in zip(drafters, features)]
+    own = [(w := d.extra_weight) @ f.to(w.dtype) if d.extra_ids else None for d, f in zip(drafters, features)]
     plain = [i for i, o in enumerate(own) if o is None]
     out: list[tuple[int, float] | None] = [None] * len(drafters)
     if plain:
@@ -157,8 +157,8 @@ def top1_many(drafters: list[HeadDrafter], features: torch.Tensor, scores: torch
             row = torch.cat([scores[i], extra.float()])
             top, best = (v.item() for v in row.max(-1))
             norm = torch.logsumexp(row, -1).item()
-            shared = len(drafters[i].head.vocab_list)
-            token = drafters[i].head.vocab_list[best] if best < shared else drafters[i].extra_ids[best - shared]
+            vocab = drafters[i].head.vocab_list
+            token = vocab[best] if best < len(vocab) else drafters[i].extra_ids[best - len(vocab)]
             out[i] = (token, math.exp(top - norm))
     return out
 
