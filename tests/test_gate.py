@@ -3,6 +3,7 @@ second than plain ones, and keeps exploring the arm that is behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from leapdecode.engine.gate import (
     MAX_EXPLORE_EVERY,
     MIN_SAMPLES,
     RATE_DECAY,
+    ArmSums,
     SpeculationGate,
 )
 
@@ -101,7 +103,8 @@ def test_the_gate_rule_step_by_step():
     # the lead changes between two explorations: the next one comes EXPLORE_EVERY steps after the one that saw it
     wait = MAX_EXPLORE_EVERY - (steps - 1 - (explored[-1] + EXPLORE_STEPS - 1))
     assert feed(gate, 5, on_rate=10, off_rate=20, steps=wait - 1) == [False] * (wait - 1)
-    gate.tokens[(3, True)] = 3 * gate.tokens[(3, False)] * gate.seconds[(3, True)] / gate.seconds[(3, False)]
+    on, off = gate.arms[(3, True)], gate.arms[(3, False)]
+    on.tokens = 3 * off.tokens * on.seconds / off.seconds
     later = feed(gate, 5, on_rate=30, off_rate=20, steps=2 * EXPLORE_EVERY + EXPLORE_STEPS + 1)
     assert later[:EXPLORE_STEPS] == [False] * EXPLORE_STEPS  # the burst that finds drafting ahead runs plain steps
     plain = [i for i, on in enumerate(later) if not on]
@@ -115,11 +118,43 @@ def test_the_gate_rule_step_by_step():
     assert gate.drafting() == {2: None}  # the plain arm not measured yet
     gate.record(9, False, 10, 1.0)
     assert gate.drafting() == {2: None, 4: None}  # nor the drafting arm at 8-15 sequences
+    gate.record(2, False, 10, 1.0)  # a step of the level fades both arms' sums there
+    assert gate.arms[(2, True)].tokens == pytest.approx(RATE_DECAY * (RATE_DECAY * 10 + 20))
+    assert gate.arms[(2, True)].seconds == pytest.approx(RATE_DECAY * (RATE_DECAY * 1.0 + 3.0))
+    assert gate.arms[(4, False)].tokens == 10  # not another level's
     for _ in range(MIN_SAMPLES):
         gate.record(2, True, 10, 1.0)
         gate.record(2, False, 10, 1.0)
-    gate.tokens[(2, True)], gate.seconds[(2, True)] = gate.tokens[(2, False)], gate.seconds[(2, False)]
+    gate.arms[(2, True)] = dataclasses.replace(gate.arms[(2, False)])
     assert gate.drafting() == {2: True, 4: None} and gate.allow(2) is True  # a tie: drafting keeps the lead
+
+
+def test_an_arm_s_rate_comes_with_its_standard_error():
+    """Decayed sums: weights RATE_DECAY^age for the rate, their squares for its variance (delta method)."""
+    arm, d = ArmSums(), RATE_DECAY
+    arm.add(1, 1.0)
+    arm.fade()
+    arm.add(5, 1.0)
+    rate = (d * 1 + 5) / (d + 1)
+    assert arm.rate == pytest.approx(rate)
+    assert arm.variance == pytest.approx((d**2 * (1 - rate) ** 2 + (5 - rate) ** 2) / (d + 1) ** 2)
+    steady = ArmSums()
+    for seconds in (1.0, 2.0, 0.5):
+        steady.add(3 * seconds, seconds)
+    assert steady.rate == pytest.approx(3) and steady.variance == pytest.approx(0, abs=1e-12)
+
+
+def test_explorations_stay_frequent_while_the_two_arms_are_within_the_noise():
+    """Drafted steps of 1 or 5 tokens (3 on average) against plain steps of 3: whichever leads, the lead is never
+    clear, so the wait between explorations never doubles; against plain steps of 1 it does, up to its maximum."""
+    close, clear = SpeculationGate(), SpeculationGate()
+    for i in range(8 * MAX_EXPLORE_EVERY):
+        for gate, plain in ((close, 3), (clear, 1)):
+            on = gate.allow(1)
+            gate.record(1, on, (1 if i % 2 else 5) if on else plain, 1.0)
+            if i > 4 * MAX_EXPLORE_EVERY and gate is close:
+                assert gate.every.get(1, EXPLORE_EVERY) == EXPLORE_EVERY
+    assert clear.every[1] == MAX_EXPLORE_EVERY and clear.lead(1) is True
 
 
 def test_each_load_level_keeps_its_own_exploration_schedule():
