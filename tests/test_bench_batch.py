@@ -153,6 +153,35 @@ def test_bench_batch_scenarios(tiny_dir, tmp_path, scenario):
         assert len(table) == 3
 
 
+def test_the_paired_scenario_interleaves_engine_methods_slice_by_slice(tiny_dir, tmp_path, monkeypatch):
+    """Every slice of 2 x C requests runs on every method's engine (built once per concurrency), the order rotated
+    per slice; each output is checked against solo greedy; ratios are to `engine` over the same slices."""
+    from leapdecode.lab.bench import batch_scenarios
+
+    calls = []
+    real = batch_scenarios.closed_loop
+    monkeypatch.setattr(
+        batch_scenarios,
+        "closed_loop",
+        lambda engine, prompts, c, n: (
+            calls.append((engine.drafter_name, c, len(prompts))) or real(engine, prompts, c, n)
+        ),
+    )
+    out = tmp_path / "paired"
+    args = ["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--scenario", "paired", "--requests", "5"]
+    args += ["--methods", "engine,engine-prompt-lookup", "--concurrency", "1,2", "--max-new-tokens", "8"]
+    assert main(args + ["--out", str(out)]) == 0
+    table = json.loads((out / "results.json").read_text())["table"]
+    assert list(table) == ["engine @ 1", "engine-prompt-lookup @ 1", "engine @ 2", "engine-prompt-lookup @ 2"]
+    assert [row["slices"] for row in table.values()] == [3, 3, 2, 2]  # 5 requests in slices of 2 and of 4
+    assert all(row["identical to solo greedy"] == "5 of 5" for row in table.values())
+    assert table["engine @ 2"]["x engine"] == 1.0
+    plain, lookup = "none", "prompt-lookup"
+    assert [d for d, _, _ in calls] == [plain, lookup, lookup, plain, plain, lookup] + [plain, lookup, lookup, plain]
+    assert [n for _, _, n in calls] == [2, 2, 2, 2, 1, 1, 4, 4, 1, 1]
+    assert main(args[:-4] + ["--methods", "engine-prompt-lookup,engine", "--out", str(out)]) == 2  # engine first
+
+
 def test_bench_batch_bad_input_is_one_line(tiny_dir, tmp_path, capsys):
     assert main(["bench-batch", "--model", str(tiny_dir), "--methods", "engine-nope", "--out", str(tmp_path)]) == 2
     assert "unknown method" in capsys.readouterr().err

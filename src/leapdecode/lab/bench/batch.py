@@ -57,7 +57,37 @@ def run_engine(
     from ...drafters.ngram import NGramDrafter
 
     NGramDrafter._shared.clear()
-    engine = Engine(
+    engine = make_engine(
+        target,
+        drafter,
+        concurrency,
+        draft=draft,
+        max_batch_tokens=max_batch_tokens,
+        packed_weights=packed_weights,
+        prefix_cache_tokens=prefix_cache_tokens,
+    )
+    if warmup:  # closed_loop counts from where the counters stand
+        engine.generate_many(list(warmup)[:concurrency], max_new_tokens=max_new_tokens)
+    return closed_loop(engine, prompts, concurrency, max_new_tokens, on_done)
+
+
+def engine_drafter(method: str) -> str:
+    """The drafter of an engine method: none for `engine`, X for `engine-X`."""
+    return "none" if method == "engine" else method.removeprefix("engine-")
+
+
+def make_engine(
+    target,
+    drafter: str,
+    concurrency: int,
+    *,
+    draft=None,
+    max_batch_tokens=256,
+    packed_weights=True,
+    prefix_cache_tokens=0,
+) -> Engine:
+    """The Engine a bench run measures: `concurrency` sequences at most, prefix cache off unless asked."""
+    return Engine(
         target,
         drafter=drafter,
         draft_model=draft.model if draft is not None and drafter == "draft-model" else None,
@@ -66,9 +96,6 @@ def run_engine(
         packed_weights=packed_weights,
         prefix_cache_tokens=prefix_cache_tokens,
     )
-    if warmup:  # closed_loop counts from where the counters stand
-        engine.generate_many(list(warmup)[:concurrency], max_new_tokens=max_new_tokens)
-    return closed_loop(engine, prompts, concurrency, max_new_tokens, on_done)
 
 
 def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on_done=None) -> dict:

@@ -13,6 +13,7 @@ from .batch import (
     _record,
     check_against,
     combine_repeats,
+    engine_drafter,
     interleaved_runs,
     run_engine,
     run_hf_generate,
@@ -63,7 +64,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     ]  # the engine's untimed warm-up: the questions after the timed ones
     console = Console(stderr=True)
     if args.scenario != "throughput":
-        return _scenario(args, target, questions, prompts, console)
+        return _scenario(args, target, questions, prompts, warmup, console)
     meta = {
         **environment(torch.get_num_threads()),
         "target model": target.name,
@@ -117,28 +118,49 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     return 3 if args.fail_on_mismatch and any(r["mismatches"] for r in ours) else 0
 
 
-def _scenario(args, target, questions, prompts, console) -> int:
-    """`--scenario prefill-stall | prefix-reuse`: one table in report.md and results.json."""
+def _scenario(args, target, questions, prompts, warmup, console) -> int:
+    """`--scenario prefill-stall | prefix-reuse | paired`: one table in report.md and results.json."""
     import json
 
     import torch
 
-    from .batch_scenarios import long_prompt, prefill_stall, prefix_reuse
+    from .batch_scenarios import long_prompt, paired, prefill_stall, prefix_reuse
 
     texts = [q.turns[0] for q in questions]
-    if args.scenario == "prefill-stall":
-        long = long_prompt(target.tokenizer, texts, args.long_prompt_tokens)
-        table = prefill_stall(target, prompts, long, args.streams, args.max_new_tokens, args.max_batch_tokens)
+    if args.scenario == "paired":
+        methods = _names(args.methods) or ["engine", "engine-head"]
+        require(
+            methods[0] == "engine" and all(m.startswith("engine-") for m in methods[1:]),
+            f"--scenario paired compares engine methods with `engine` first, got {', '.join(methods)}",
+        )
+        require("engine-draft-model" not in methods, "--scenario paired does not run engine-draft-model")
+        reference = run_hf_generate(target, prompts, args.max_new_tokens)["tokens"]  # also warms every kernel up
+        concurrency = _ints(args.concurrency, "--concurrency")
+        table = paired(
+            target, prompts, methods, concurrency, args.max_new_tokens, args.max_batch_tokens, warmup, reference
+        )
+        settings = (
+            f"{len(prompts)} requests (first turns of suite '{args.suite}'), max_new_tokens {args.max_new_tokens}, "
+            f"max batch tokens {args.max_batch_tokens}, greedy; per concurrency C one engine per method, warmed up "
+            "on C other questions, the requests in slices of 2 x C, each slice run by every method in turn (closed "
+            "loop of C, order rotated per slice)"
+        )
     else:
-        prefix = long_prompt(target.tokenizer, texts, args.prefix_tokens)
-        table = {"engine": prefix_reuse(target, prefix, prompts[:2])}
+        if args.scenario == "prefill-stall":
+            long = long_prompt(target.tokenizer, texts, args.long_prompt_tokens)
+            table = prefill_stall(target, prompts, long, args.streams, args.max_new_tokens, args.max_batch_tokens)
+        else:
+            prefix = long_prompt(target.tokenizer, texts, args.prefix_tokens)
+            table = {"engine": prefix_reuse(target, prefix, prompts[:2])}
+        settings = (
+            f"streams {args.streams}, long prompt {args.long_prompt_tokens} tokens, prefix {args.prefix_tokens} "
+            f"tokens, max_new_tokens {args.max_new_tokens}, max batch tokens {args.max_batch_tokens}, greedy"
+        )
     meta = {
         **environment(torch.get_num_threads()),
         "target model": target.name,
         "scenario": args.scenario,
-        "settings": f"streams {args.streams}, long prompt {args.long_prompt_tokens} tokens, prefix "
-        f"{args.prefix_tokens} tokens, max_new_tokens {args.max_new_tokens}, max batch tokens "
-        f"{args.max_batch_tokens}, greedy",
+        "settings": settings,
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -191,13 +213,12 @@ def _run(method: str, c: int, target, draft, prompts, args, notes: list[str], wa
         except Exception as error:  # noqa: BLE001 - HF's engine may not run on this CPU/model: say why, go on
             notes.append(f"hf-generate-batch @ {c} did not run: {type(error).__name__}: {str(error).splitlines()[0]}")
             return None
-    drafter = "none" if method == "engine" else method.removeprefix("engine-")
     return run_engine(
         target,
         prompts,
         c,
         args.max_new_tokens,
-        drafter=drafter,
+        drafter=engine_drafter(method),
         draft=draft,
         warmup=warmup,
         max_batch_tokens=args.max_batch_tokens,
@@ -234,9 +255,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--scenario",
         default="throughput",
-        choices=("throughput", "prefill-stall", "prefix-reuse"),
+        choices=("throughput", "prefill-stall", "prefix-reuse", "paired"),
         help="throughput (default): methods x concurrency; prefill-stall: decoding streams while a long "
-        "prompt arrives, chunked or not; prefix-reuse: TTFT with a shared prefix, cold and warm",
+        "prompt arrives, chunked or not; prefix-reuse: TTFT with a shared prefix, cold and warm; paired: engine "
+        "methods interleaved slice by slice on engines built once (ratios a drifting host cannot move)",
     )
     p.add_argument("--streams", type=int, default=8, help="prefill-stall: decoding streams")
     p.add_argument("--long-prompt-tokens", type=int, default=4000, help="prefill-stall: tokens of the long prompt")

@@ -7,14 +7,20 @@
   prompt, with it chunked, and with it read at once.
 - `prefix-reuse` (the prefix cache): time to first token of a request whose prompt shares a long prefix with an
   earlier one, cold (cache off) and warm (the earlier request left the prefix's keys/values in the cache).
+- `paired`: engine methods compared on a host whose speed drifts. Whole runs of each method minutes apart carry
+  that drift into their ratio (docs/benchmarks.md shows how much on a shared 2-core host); here, per concurrency,
+  one engine per method is built and warmed up once, the prompts go in slices
+  of 2 x C, and every slice is run by each method in turn (a closed loop of C, the order rotated per slice), so a
+  drift falls on all methods alike within seconds.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from ...engine import Engine
-from .batch import percentile
+from .batch import check_against, closed_loop, engine_drafter, make_engine, percentile
 
 
 def long_prompt(tokenizer, texts: list[str], tokens: int) -> list[int]:
@@ -104,3 +110,44 @@ def prefix_reuse(target, prefix: list[int], questions: list[list[int]], max_new_
         "warm / cold": warm / cold,
         "cache hits": engine.prefix_cache.hits,
     }
+
+
+def paired(
+    target,
+    prompts: list[list[int]],
+    methods: list[str],
+    concurrency: list[int],
+    max_new_tokens: int,
+    max_batch_tokens: int,
+    warmup: list[list[int]],
+    reference: list[list[int]],
+) -> dict:
+    """Per method and concurrency: output tok/s over all slices, its ratio to `engine` over all slices and the
+    median of the per-slice ratios, and how many outputs equal `reference` (each prompt decoded alone)."""
+    table = {}
+    for c in concurrency:
+        engines = {m: make_engine(target, engine_drafter(m), c, max_batch_tokens=max_batch_tokens) for m in methods}
+        for engine in engines.values():  # a server's steady state: step costs and acceptance already learned
+            engine.generate_many(list(warmup)[:c], max_new_tokens=max_new_tokens)
+        slices = [range(i, min(i + 2 * c, len(prompts))) for i in range(0, len(prompts), 2 * c)]
+        runs: dict[str, list[tuple[int, float]]] = {m: [] for m in methods}
+        tokens: dict[str, list] = {m: [None] * len(prompts) for m in methods}
+        for j, part in enumerate(slices):
+            for m in methods[j % len(methods) :] + methods[: j % len(methods)]:
+                record = closed_loop(engines[m], [prompts[i] for i in part], c, max_new_tokens)
+                runs[m].append((record["output_tokens"], record["wall"]))
+                for i, out in zip(part, record["tokens"]):
+                    tokens[m][i] = out
+        rate = {m: sum(n for n, _ in runs[m]) / sum(w for _, w in runs[m]) for m in methods}
+        for m in methods:
+            checked = {"tokens": tokens[m]}
+            check_against(target, prompts, reference, checked)
+            per_slice = [(n / w) / (ne / we) for (n, w), (ne, we) in zip(runs[m], runs["engine"])]
+            table[f"{m} @ {c}"] = {
+                "output tok/s": rate[m],
+                "x engine": rate[m] / rate["engine"],
+                "x engine, median slice": statistics.median(per_slice),
+                "slices": len(slices),
+                "identical to solo greedy": f"{checked['identical']} of {len(prompts)}",
+            }
+    return table
