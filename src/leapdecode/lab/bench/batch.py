@@ -52,11 +52,7 @@ def run_engine(
     warmup: list[list[int]] = (),
 ) -> dict:
     """Closed loop over an Engine: at most `concurrency` requests in flight. The engine first serves `warmup`
-    (other prompts) untimed: a server's steady state, with step costs and acceptance already learned. The n-gram
-    drafter's process-wide store starts empty for every run."""
-    from ...drafters.ngram import NGramDrafter
-
-    NGramDrafter._shared.clear()
+    (other prompts) untimed: a server's steady state, with step costs and acceptance already learned."""
     engine = make_engine(
         target,
         drafter,
@@ -86,7 +82,11 @@ def make_engine(
     packed_weights=True,
     prefix_cache_tokens=0,
 ) -> Engine:
-    """The Engine a bench run measures: `concurrency` sequences at most, prefix cache off unless asked."""
+    """The Engine a bench run measures: `concurrency` sequences at most, prefix cache off unless asked. The n-gram
+    drafter's process-wide store starts empty for every engine made."""
+    from ...drafters.ngram import NGramDrafter
+
+    NGramDrafter._shared.clear()
     return Engine(
         target,
         drafter=drafter,
@@ -229,6 +229,11 @@ def _record(tokens, sent, first, end, wall: float, extra: dict) -> dict:
     }
 
 
+def rotated(items: list, by: int) -> list:
+    """`items` rotated left by `by` places: turn `by` of an interleaving that changes who goes first each turn."""
+    return items[by % len(items) :] + items[: by % len(items)] if items else []
+
+
 def interleaved_runs(methods: list[str], concurrency: list[int], repeats: int) -> list[tuple[str, int]]:
     """(method, concurrency) in the order to run them: per repeat, every method at one concurrency before the next,
     the methods' order rotated by one each repeat, so that a drift of the machine's speed (another tenant, heat)
@@ -237,7 +242,7 @@ def interleaved_runs(methods: list[str], concurrency: list[int], repeats: int) -
     runs = [("hf-generate", concurrency[0])] if "hf-generate" in methods else []
     others = [m for m in methods if m != "hf-generate"]
     for repeat in range(repeats):
-        turn = others[repeat % len(others) :] + others[: repeat % len(others)] if others else []
+        turn = rotated(others, repeat)
         runs += [(m, c) for c in concurrency for m in turn]
     return runs
 

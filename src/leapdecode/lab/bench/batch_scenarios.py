@@ -9,9 +9,9 @@
   earlier one, cold (cache off) and warm (the earlier request left the prefix's keys/values in the cache).
 - `paired`: engine methods compared on a host whose speed drifts. Whole runs of each method minutes apart carry
   that drift into their ratio (docs/benchmarks.md shows how much on a shared 2-core host); here, per concurrency,
-  one engine per method is built and warmed up once, the prompts go in slices
-  of 2 x C, and every slice is run by each method in turn (a closed loop of C, the order rotated per slice), so a
-  drift falls on all methods alike within seconds.
+  one engine per method is built and warmed up once, the prompts go in slices of 2 x C, and every slice is run by
+  each method in turn (a closed loop of C, the order rotated per slice), so a drift falls on all methods alike
+  within seconds.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import statistics
 import time
 
 from ...engine import Engine
-from .batch import check_against, closed_loop, engine_drafter, make_engine, percentile
+from .batch import check_against, closed_loop, engine_drafter, make_engine, percentile, rotated
 
 
 def long_prompt(tokenizer, texts: list[str], tokens: int) -> list[int]:
@@ -133,7 +133,7 @@ def paired(
         runs: dict[str, list[tuple[int, float]]] = {m: [] for m in methods}
         tokens: dict[str, list] = {m: [None] * len(prompts) for m in methods}
         for j, part in enumerate(slices):
-            for m in methods[j % len(methods) :] + methods[: j % len(methods)]:
+            for m in rotated(methods, j):
                 record = closed_loop(engines[m], [prompts[i] for i in part], c, max_new_tokens)
                 runs[m].append((record["output_tokens"], record["wall"]))
                 for i, out in zip(part, record["tokens"]):
