@@ -208,7 +208,7 @@ def test_the_engine_drafts_first_and_cuts_each_draft_by_its_estimates():
     from leapdecode.sequence import propose_together
 
     scheduler = Scheduler(SchedulerConfig(), DraftConfig(), lambda: None, {}, layers=1, kv_tokens=10_000)
-    scheduler.gate.allow = lambda n: True
+    scheduler.gate.choose = lambda n: 1
     for rows, seconds in {2: 10.0, 3: 10.5, 4: 11.0, 5: 11.5, 6: 12.0, 7: 12.5, 8: 13.0}.items():
         scheduler.costs.record(rows, seconds)
     seqs = [

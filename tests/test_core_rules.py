@@ -587,7 +587,7 @@ def test_the_engine_plans_rows_at_most_twice_as_far_as_it_has_measured():
 
     for decoding, measured, budget, rows in ((2, 4, 256, 8), (2, 4, 6, 6), (4, 1, 256, 5)):
         scheduler = Scheduler(SchedulerConfig(), DraftConfig(), lambda: None, {}, layers=1, kv_tokens=10_000)
-        scheduler.gate.allow = lambda n: True
+        scheduler.gate.choose = lambda n: 1
         for r in range(1, measured + 1):
             scheduler.costs.record(r, 0.01)  # flat: every row is free as far as measured
         drafts = scheduler._draft_lengths(running(decoding), budget)

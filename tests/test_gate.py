@@ -26,7 +26,7 @@ def feed(gate, decoding, on_rate, off_rate, steps):
     """Drive the gate: each step asks, then reports the rate the chosen arm delivers; return the choices."""
     choices = []
     for _ in range(steps):
-        on = gate.allow(decoding)
+        on = gate.choose(decoding)
         choices.append(on)
         gate.record(decoding, on, int(on_rate if on else off_rate), 1.0)
     return choices
@@ -55,13 +55,13 @@ def test_the_gate_follows_the_arm_that_delivers_and_keeps_exploring():
     explored = burst_steps(2 * MIN_SAMPLES, steps)
     assert sum(choices) == MIN_SAMPLES + len(explored)  # off, bar the first samples and exploration
     assert len(explored) < steps / EXPLORE_EVERY  # a fixed wait would explore steps / EXPLORE_EVERY bursts
-    assert gate.drafting()[SpeculationGate.level(8)] is False
+    assert gate.leaders()[SpeculationGate.level(8)] == 0
     assert sum(feed(gate, 1, on_rate=90, off_rate=30, steps=10 * EXPLORE_EVERY)) > 0.8 * 10 * EXPLORE_EVERY
     # the world changes: drafts start paying at 8 as well; exploration finds it within its longest wait
     choices = feed(gate, 8, on_rate=200, off_rate=80, steps=MAX_EXPLORE_EVERY + 4 * EXPLORE_EVERY)
     found = choices.index(True)
     assert found < MAX_EXPLORE_EVERY and sum(choices[found : found + 2 * EXPLORE_EVERY]) > 1.5 * EXPLORE_EVERY
-    assert gate.drafting()[SpeculationGate.level(8)] is True
+    assert gate.leaders()[SpeculationGate.level(8)] == 1
 
 
 def test_a_noisy_arm_is_judged_on_its_sums_not_on_one_step():
@@ -69,7 +69,7 @@ def test_a_noisy_arm_is_judged_on_its_sums_not_on_one_step():
     keep drafting although half its drafted steps deliver less than a plain one."""
     gate, choices = SpeculationGate(), []
     for i in range(20 * EXPLORE_EVERY):
-        on = gate.allow(1)
+        on = gate.choose(1)
         choices.append(on)
         gate.record(1, on, (1 if i % 2 else 5) if on else 2, 1.0)
     assert sum(choices[4 * EXPLORE_EVERY :]) > 0.9 * 16 * EXPLORE_EVERY
@@ -77,9 +77,9 @@ def test_a_noisy_arm_is_judged_on_its_sums_not_on_one_step():
 
 def test_both_arms_are_measured_before_either_is_trusted():
     gate = SpeculationGate()
-    choices = [gate.allow(4) for _ in range(1)]
+    choices = [gate.choose(4) for _ in range(1)]
     gate.record(4, choices[0], 10, 1.0)
-    assert choices == [True] and gate.allow(4) is False  # then the plain arm gets its turn
+    assert choices == [1] and gate.choose(4) == 0  # then the plain arm gets its turn
 
 
 def test_the_gate_rule_step_by_step():
@@ -99,7 +99,7 @@ def test_the_gate_rule_step_by_step():
     assert explored[-1] - explored[-2] == MAX_EXPLORE_EVERY + EXPLORE_STEPS - 1
     assert gate.samples == {(3, True): choices.count(True), (3, False): choices.count(False)}
     assert (gate.rate(3, True), gate.rate(3, False)) == (pytest.approx(10.0), pytest.approx(20.0))
-    assert gate.drafting() == {3: False}
+    assert gate.leaders() == {3: 0}
     # the lead changes between two explorations: the next one comes EXPLORE_EVERY steps after the one that saw it
     wait = MAX_EXPLORE_EVERY - (steps - 1 - (explored[-1] + EXPLORE_STEPS - 1))
     assert feed(gate, 5, on_rate=10, off_rate=20, steps=wait - 1) == [False] * (wait - 1)
@@ -115,9 +115,9 @@ def test_the_gate_rule_step_by_step():
     gate.record(2, True, 20, 3.0)
     gate.record(2, True, 5, 0.0)  # no time measured: ignored
     assert gate.rate(2, True) == (RATE_DECAY * 10 + 20) / (RATE_DECAY * 1.0 + 3.0) and gate.samples == {(2, True): 2}
-    assert gate.drafting() == {2: None}  # the plain arm not measured yet
+    assert gate.leaders() == {2: None}  # the plain arm not measured yet
     gate.record(9, False, 10, 1.0)
-    assert gate.drafting() == {2: None, 4: None}  # nor the drafting arm at 8-15 sequences
+    assert gate.leaders() == {2: None, 4: None}  # nor the drafting arm at 8-15 sequences
     gate.record(2, False, 10, 1.0)  # a step of the level fades both arms' sums there
     assert gate.arms[(2, True)].tokens == pytest.approx(RATE_DECAY * (RATE_DECAY * 10 + 20))
     assert gate.arms[(2, True)].seconds == pytest.approx(RATE_DECAY * (RATE_DECAY * 1.0 + 3.0))
@@ -126,7 +126,7 @@ def test_the_gate_rule_step_by_step():
         gate.record(2, True, 10, 1.0)
         gate.record(2, False, 10, 1.0)
     gate.arms[(2, True)] = dataclasses.replace(gate.arms[(2, False)])
-    assert gate.drafting() == {2: True, 4: None} and gate.allow(2) is True  # a tie: drafting keeps the lead
+    assert gate.leaders() == {2: 1, 4: None} and gate.choose(2) == 1  # a tie: drafting keeps the lead
 
 
 def test_an_arm_s_rate_comes_with_its_standard_error():
@@ -150,11 +150,11 @@ def test_explorations_stay_frequent_while_the_two_arms_are_within_the_noise():
     close, clear = SpeculationGate(), SpeculationGate()
     for i in range(8 * MAX_EXPLORE_EVERY):
         for gate, plain in ((close, 3), (clear, 1)):
-            on = gate.allow(1)
+            on = gate.choose(1)
             gate.record(1, on, (1 if i % 2 else 5) if on else plain, 1.0)
             if i > 4 * MAX_EXPLORE_EVERY and gate is close:
                 assert gate.every.get(1, EXPLORE_EVERY) == EXPLORE_EVERY
-    assert clear.every[1] == MAX_EXPLORE_EVERY and clear.lead(1) is True
+    assert clear.every[1] == MAX_EXPLORE_EVERY and clear.lead(1) == 1
 
 
 def test_each_load_level_keeps_its_own_exploration_schedule():
@@ -163,7 +163,7 @@ def test_each_load_level_keeps_its_own_exploration_schedule():
     choices = {2: [], 16: []}
     for i in range(2 * steps):
         decoding = 2 if i % 2 else 16
-        on = gate.allow(decoding)
+        on = gate.choose(decoding)
         choices[decoding].append(on)
         gate.record(decoding, on, 10 if on else 20, 1.0)
     start = 2 * MIN_SAMPLES
@@ -197,7 +197,7 @@ def test_the_engine_stops_drafting_where_drafts_cost_throughput(tmp_path):
     results = engine.generate_many(prompts, max_new_tokens=150)
     assert [r.token_ids for r in results] == [generate(target, p, max_new_tokens=150).token_ids for p in prompts]
     gate = engine.scheduler.gate
-    assert all(lead is False for lead in gate.drafting().values() if lead is not None)
+    assert all(lead == 0 for lead in gate.leaders().values() if lead is not None)
     drafted = sum(n for (_, on), n in gate.samples.items() if on)
     plain = sum(n for (_, on), n in gate.samples.items() if not on)
     # drafts were tried (the planner's cost model soon prices them out too), then plain steps once they were seen to lose
@@ -209,10 +209,67 @@ def test_a_new_level_follows_its_measured_neighbour_instead_of_paying_its_own_st
     one, then explores in bursts as usual and goes by its own samples once it has them."""
     gate = SpeculationGate()
     feed(gate, 8, on_rate=10, off_rate=20, steps=2 * MIN_SAMPLES)
-    assert gate.lead(SpeculationGate.level(8)) is False and gate.lead(SpeculationGate.level(16)) is False
+    assert gate.lead(SpeculationGate.level(8)) == 0 and gate.lead(SpeculationGate.level(16)) == 0
     assert gate.lead(SpeculationGate.level(64)) is None  # two levels away: not a neighbour
     choices = feed(gate, 16, on_rate=30, off_rate=20, steps=EXPLORE_EVERY + 3 * EXPLORE_STEPS)
     assert choices[: EXPLORE_EVERY - 1] == [False] * (EXPLORE_EVERY - 1)  # no drafted start-up samples
     later = feed(gate, 16, on_rate=30, off_rate=20, steps=4 * EXPLORE_EVERY)
-    assert gate.measured(SpeculationGate.level(16)) and gate.lead(SpeculationGate.level(16)) is True
+    assert gate.measured(SpeculationGate.level(16)) and gate.lead(SpeculationGate.level(16)) == 1
     assert sum(later[-EXPLORE_EVERY:]) > 0.7 * EXPLORE_EVERY  # its own samples now: drafts lead there
+
+
+def test_with_three_arms_the_gate_runs_the_best_and_the_arms_behind_take_turns():
+    """Arms 0 (plain), 1 (a drafter's cheaper tier), 2 (its whole way): measured in turn, the drafting arms first;
+    then the best runs and the explorations alternate between the two behind, on the two-arm schedule."""
+    gate, rates, steps = SpeculationGate(arms=3), {0: 20, 1: 30, 2: 10}, 2 * MAX_EXPLORE_EVERY
+    choices = []
+    for _ in range(steps):
+        arm = gate.choose(4)
+        choices.append(arm)
+        gate.record(4, arm, rates[arm], 1.0)
+    start = 3 * MIN_SAMPLES
+    assert choices[:start] == [2, 1, 0] * MIN_SAMPLES
+    bursts = exploration_steps(start, steps)
+    expected = [1] * steps
+    for turn, at in enumerate(bursts):
+        for i in range(at, min(at + EXPLORE_STEPS, steps)):
+            expected[i] = (0, 2)[turn % 2]
+    assert choices[start:] == expected[start:] and len(bursts) > 4
+    assert gate.leaders() == {3: 1} and gate.clear(3)
+
+
+def test_with_three_arms_a_lead_is_clear_only_over_both_others():
+    gate = SpeculationGate(arms=3)
+    for i in range(4 * MIN_SAMPLES):  # arm 1 yields 1 or 5 tokens (3 on average), arm 0 always 3, arm 2 always 1
+        for arm, tokens in ((0, 3), (1, 1 if i % 2 else 5), (2, 1)):
+            gate.record(1, arm, tokens, 1.0)
+    assert gate.measured(1) and not gate.clear(1)  # 0 and 1 are within the noise, though both far above 2
+    gate.arms[(1, 0)] = ArmSums()
+    gate.arms[(1, 0)].add(1, 1.0)
+    gate.arms[(1, 0)].add(1, 1.0)
+    assert gate.clear(1) and gate.lead(1) == 1
+
+
+def test_the_head_s_tiers_are_arms_of_the_engine_s_gate_and_every_arm_stays_lossless(tmp_path):
+    """A head drafter offers two tiers (copies alone; copies and head steps): the engine's gate has three arms, and
+    whichever arm a step runs (drawn at random here), every request gets the tokens of plain greedy alone."""
+    import random
+
+    from conftest import tiny_head
+
+    from leapdecode.models import resolve_model
+
+    target = resolve_model(str(make_tiny_hf_dir(tmp_path / "tiny", context=256)))
+    head_dir = tmp_path / "head"
+    tiny_head(target.model, trained=False, seed=1)[0].save(head_dir)
+    engine = Engine(target, drafter="head", drafter_options={"head": str(head_dir), "confidence": 0.0})
+    gate, draw = engine.scheduler.gate, random.Random(0)
+    assert gate.n_arms == 3
+    arms = []
+    gate.choose = lambda n: arms.append(draw.randrange(3)) or arms[-1]
+    prompts = [[5 + i, 6, 7, 8] * 3 + [9 + i, 6, 7] for i in range(3)]
+    results = engine.generate_many(prompts, max_new_tokens=40)
+    assert [r.token_ids for r in results] == [
+        generate(target, p, max_new_tokens=40, drafter="none").token_ids for p in prompts
+    ]
+    assert {arm for (_, arm) in gate.samples} == {0, 1, 2} and set(arms) == {0, 1, 2}

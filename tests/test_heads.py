@@ -288,10 +288,12 @@ def rule(drafter, context, k):
 
     if k == 0 or drafter.feature is None:
         return []
+    copies_only = drafter.tiers[drafter.tier] == "copies"
     if drafter.lookup:
         drafter.lookup.floor = drafter.stop_below
+        drafter.lookup.min_ngram = 1 if copies_only else drafter.lookup_ngram
         copied = drafter.lookup.propose(context, k).tokens
-        if copied:
+        if copied or copies_only:
             return list(copied)
     feature, token, tokens, probability = drafter.feature, torch.tensor(context[-1]), [], 1.0
     group = ("head", True)
@@ -328,6 +330,7 @@ def test_drafts_made_together_equal_drafts_made_alone(target):
         drafters.append(drafter)
         contexts.append(context)
     drafters[4].see_hidden(None)  # no feature: no draft
+    drafters[1].tier = drafters[3].tier = 0  # the engine's gate may ask for copies alone
     ks = [1, 4, 6, 12, 3, 0]
     with kernels.configured(linear="native"):  # a row's bits independent of the batch (the panel kernel)
         together = HeadDrafter.propose_many(drafters, contexts, ks)
@@ -337,6 +340,26 @@ def test_drafts_made_together_equal_drafts_made_alone(target):
     assert [len(d.tokens) for d in together][4:] == [0, 0] and all(len(d.tokens) <= k for d, k in zip(together, ks))
     assert any(0 < len(d.tokens) < k for d, k in zip(together, ks))  # a confidence stop was exercised
     assert together[3].tokens == contexts[3][4:7], "the lookup's copy is the draft"
+
+
+def test_the_copies_tier_drafts_copies_from_one_matching_token_and_never_steps_the_head(target, monkeypatch):
+    """Tier "copies" (set by the engine's gate): the lookup alone, from a match of one token on; the whole tier
+    (-1) copies from two matching tokens on and else rolls the head."""
+    from leapdecode.drafters.head import HeadDrafter
+
+    head, _ = tiny_head(target, trained=True)
+    context = [7, 30, 31, 32, 8, 9, 10, 30]  # the last token occurred once before, the last two never
+    drafter = HeadDrafter(head, confidence=0.0)
+    drafter.start(context, None)
+    drafter.see_hidden(torch.randn(64, generator=torch.Generator().manual_seed(0)))
+    assert drafter.tiers == ("copies", "head") and drafter.tier == -1
+    whole = drafter.propose(context, 3).tokens
+    assert whole and whole != [31, 32, 8]  # no two-token match: the head's tokens
+    drafter.tier = 0
+    monkeypatch.setattr(head, "step", lambda *a: pytest.fail("the head stepped in the copies tier"))
+    assert drafter.propose(context, 3).tokens == [31, 32, 8]
+    assert drafter.propose(context + [11], 3).tokens == []  # no match at all: no draft, no head step
+    assert HeadDrafter(head, lookup_ngram=0).tiers == ("head",)  # no lookup: the head is its only way
 
 
 def test_int8_products_follow_fp32_and_work_row_by_row():

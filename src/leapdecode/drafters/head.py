@@ -38,7 +38,7 @@ class HeadDrafter(Drafter):
         require(0 <= lookup_ngram <= 3, f"head lookup_ngram must be in 0..3 (0 = no lookup), got {lookup_ngram}")
         require(0 <= confidence < 1, f"head confidence threshold must be in [0, 1), got {confidence}")
         self.head = head
-        self.confidence = confidence
+        self.confidence, self.lookup_ngram = confidence, lookup_ngram
         install_packed_linear(head)
         if getattr(head, "acceptance", None) is None:  # shared by every request the head drafts for
             head.acceptance = AcceptanceCalibration()
@@ -87,6 +87,10 @@ class HeadDrafter(Drafter):
         return ("head", self.greedy)
 
     @property
+    def tiers(self) -> tuple[str, ...]:
+        return ("copies", "head") if self.lookup else ("head",)
+
+    @property
     def stop_below(self) -> float:
         return max(self.confidence, self.floor)
 
@@ -122,11 +126,16 @@ class HeadDrafter(Drafter):
             drafter.proposal = None
             if k <= 0 or drafter.feature is None:  # e.g. a KV press prefill that bypassed the final norm
                 continue
+            copies_only = drafter.tiers[drafter.tier] == "copies"
             if drafter.lookup:  # a copy is drafted as it is: rolling the head through it costs a step per token
                 drafter.lookup.floor = drafter.stop_below
+                # alone, copies start from one matching token (no head step could do better there)
+                drafter.lookup.min_ngram = 1 if copies_only else drafter.lookup_ngram
                 drafts[i] = drafter.lookup.propose(context, k)
+            if copies_only or drafts[i].tokens:
+                continue
             # under load the floor may rule out any step; now and then one is taken anyway, only to be scored
-            if not drafts[i].tokens and (drafter._worth_a_step(1.0) or drafter.calibration.explore(drafter.group)):
+            if drafter._worth_a_step(1.0) or drafter.calibration.explore(drafter.group):
                 rolling.append(_Rolling(i, drafter, k, drafter.feature, context[-1]))
         for head in {id(r.drafter.head): r.drafter.head for r in rolling}.values():
             _roll(head, [r for r in rolling if r.drafter.head is head], drafts)

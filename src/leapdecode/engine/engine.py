@@ -94,14 +94,22 @@ class Engine:
         self.target = resolve_model(model, tokenizer, dtype)
         self.model = self.target.model
         make_drafter = drafter_factory(drafter, self.target, draft_model, draft_dtype, **(drafter_options or {}))
-        self.drafter_name = make_drafter().name
+        probe = make_drafter()
+        self.drafter_name = probe.name
         sequence_options = dict(eos_ids=set(self.target.eos_token_ids), context_length=self.context_length)
         self.kv_token_bytes = kv_bytes_per_token(self.model)
         self.kv_cache_bytes = scheduler.kv_cache_bytes or default_kv_cache_bytes()
         kv_tokens = self.kv_cache_bytes // self.kv_token_bytes
         layers = self.model.config.num_hidden_layers
         self.scheduler = Scheduler(
-            scheduler, draft, make_drafter, sequence_options, layers, kv_tokens, whole_prompts=rows_alone(self.model)
+            scheduler,
+            draft,
+            make_drafter,
+            sequence_options,
+            layers,
+            kv_tokens,
+            whole_prompts=rows_alone(self.model),
+            tiers=probe.tiers,
         )
         self.executor = Executor(self.model, packed_weights, self.scheduler.prefix_cache)
         self._seen_rows: set[int] = set()  # row counts stepped at least once (see step)
@@ -291,7 +299,7 @@ class Engine:
                 self.scheduler.costs.record(len(plan.ids), seconds)
                 if plan.decode_only:
                     tokens = sum(len(a.new) for a in results if a.error is None)
-                    self.scheduler.gate.record(len(plan.logits), plan.drafting, tokens, seconds)
+                    self.scheduler.gate.record(len(plan.logits), plan.arm, tokens, seconds)
             self._seen_rows.add(len(plan.ids))
             self.counters["steps"] += 1
             for accepted in results:

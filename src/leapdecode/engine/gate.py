@@ -4,21 +4,22 @@ actually measures, not by the cost model alone.
 The planner (controller.plan_draft_lengths) prices drafts with a model: the measured step cost per row count and
 each sequence's acceptance estimate. Models miss things (a drafter's own cost as load grows, acceptance that differs
 from the estimate, steps whose cost depends on more than their row count), and then drafting costs throughput. The
-gate keeps, per load level (how many sequences decode: 1, 2-3, 4-7, 8-15, ...) and per arm (drafts allowed or not),
-the tokens and the seconds that decode-only steps delivered, each a decayed sum, and lets the planner draft only where
-drafts have delivered more tokens per second. Until both arms have MIN_SAMPLES steps at a level, it follows a
-neighbouring level that has them, or else alternates the arms.
+gate keeps, per load level (how many sequences decode: 1, 2-3, 4-7, 8-15, ...) and per arm (no drafts, or drafts of
+one of the drafters' tiers: a draft head's copies alone, or copies and head steps), the tokens and the seconds that
+decode-only steps delivered, each a decayed sum, and runs the arm that has delivered the most tokens per second: the
+planner drafts only where drafts have paid, and only in the way that paid most. Until every arm has MIN_SAMPLES
+steps at a level, it follows a neighbouring level that has them, or else takes the arms in turn.
 
 A single step is a noisy sample (a drafted step yields one token or several, and what a drafted step yields moves
 with the text), so the rate is a ratio of sums, not a mean of per-step rates, over a memory of about fifty steps of
-the level: every step of a level fades both arms' sums there, so the arm behind is judged on its recent samples,
+the level: every step of a level fades every arm's sums there, so an arm behind is judged on its recent samples,
 not on samples from another stretch of text. Its standard error comes with it (the delta method over the same
-decayed sums). The arm behind is explored in bursts of EXPLORE_STEPS steps, never judged on one, and it keeps
+decayed sums). An arm behind is explored in bursts of EXPLORE_STEPS steps, never judged on one, and it keeps
 exploring, so that a change (another mix of prompts, another load) is seen: after EXPLORE_EVERY steps of a level one
-burst runs the arm behind. Each burst after which the same arm leads by more than CLEAR_Z standard errors doubles the
-wait before the next (up to MAX_EXPLORE_EVERY); one after which the lead changed, or is within the noise, brings it
-back to EXPLORE_EVERY. So where one arm leads clearly the price of exploring fades, while the arm behind is still
-tried every MAX_EXPLORE_EVERY steps of the level; where the two are close, both keep being measured.
+burst runs an arm behind (those behind take turns). Each burst after which the same arm leads every other by more
+than CLEAR_Z standard errors doubles the wait before the next (up to MAX_EXPLORE_EVERY); one after which the lead
+changed, or is within the noise, brings it back to EXPLORE_EVERY. So where one arm leads clearly the price of
+exploring fades, while the arms behind are still tried; where arms are close, they keep being measured.
 """
 
 from __future__ import annotations
@@ -72,47 +73,61 @@ class ArmSums:
 
 
 class SpeculationGate:
-    def __init__(self):
-        self.arms: dict[tuple[int, bool], ArmSums] = {}  # (level, drafted) -> its sums
-        self.samples: dict[tuple[int, bool], int] = {}
-        self.waited: dict[int, int] = {}  # per level: steps since its last exploration (or since both arms had samples)
+    """Arms: 0 runs plain steps; arm a > 0 lets the planner draft with the drafters' tier a - 1 (Drafter.tiers: a
+    drafter's ways to draft, cheapest first, e.g. the head's copies alone before copies and head steps)."""
+
+    def __init__(self, arms: int = 2):
+        self.n_arms = arms
+        self.arms: dict[tuple[int, int], ArmSums] = {}  # (level, arm) -> its sums
+        self.samples: dict[tuple[int, int], int] = {}
+        self.waited: dict[int, int] = {}  # per level: steps since its last exploration (or since every arm had samples)
         self.every: dict[int, int] = {}  # per level: the steps to wait before the next exploration
-        self.leader: dict[int, bool] = {}  # per level: whether drafting led when its last exploration began
-        self.burst: dict[int, int] = {}  # per level: steps of the current exploration still to run
+        self.leader: dict[int, int] = {}  # per level: the arm that led when its last exploration began
+        self.burst: dict[int, tuple[int, int]] = {}  # per level: the arm being explored, and its steps still to run
+        self.explored: dict[int, int] = {}  # per level: explorations so far (the arms behind take turns)
 
     @staticmethod
     def level(decoding: int) -> int:
         return decoding.bit_length()
 
-    def rate(self, level: int, drafted: bool) -> float:
-        return self.arms[(level, drafted)].rate
+    def rate(self, level: int, arm: int) -> float:
+        return self.arms[(level, arm)].rate
 
     def measured(self, level: int) -> bool:
-        return all(self.samples.get((level, arm), 0) >= MIN_SAMPLES for arm in (True, False))
+        return all(self.samples.get((level, arm), 0) >= MIN_SAMPLES for arm in range(self.n_arms))
 
-    def lead(self, level: int) -> bool | None:
-        """Whether drafting leads at `level`: by its own samples once both arms have MIN_SAMPLES there; before that,
-        by a neighbouring level's (loads next to each other behave alike, and each level's start-up samples of the
-        losing arm are a price a short run notices); None where neither is known."""
+    def _best(self, level: int) -> int:
+        """The arm with the highest rate at `level` (on a tie, the one that drafts more)."""
+        return max(range(self.n_arms), key=lambda arm: (self.rate(level, arm), arm))
+
+    def lead(self, level: int) -> int | None:
+        """The arm ahead at `level`: by its own samples once every arm has MIN_SAMPLES there; before that, by a
+        neighbouring level's (loads next to each other behave alike, and each level's start-up samples of the
+        losing arms are a price a short run notices); None where neither is known."""
         for near in (level, level - 1, level + 1):
             if self.measured(near):
-                return self.rate(near, True) >= self.rate(near, False)
+                return self._best(near)
         return None
 
     def clear(self, level: int) -> bool:
-        """Whether the two arms' rates at `level` differ by more than CLEAR_Z standard errors."""
-        on, off = self.arms[(level, True)], self.arms[(level, False)]
-        return abs(on.rate - off.rate) > CLEAR_Z * math.sqrt(on.variance + off.variance)
+        """Whether the arm ahead at `level` leads every other by more than CLEAR_Z standard errors."""
+        best = self.arms[(level, self._best(level))]
+        return all(
+            best.rate - other.rate > CLEAR_Z * math.sqrt(best.variance + other.variance)
+            for other in (self.arms[(level, arm)] for arm in range(self.n_arms))
+            if other is not best
+        )
 
-    def allow(self, decoding: int) -> bool:
-        """Whether the planner may draft in a decode-only step of `decoding` sequences."""
+    def choose(self, decoding: int) -> int:
+        """The arm of a decode-only step of `decoding` sequences: 0 no drafts, a > 0 drafts of tier a - 1."""
         level = self.level(decoding)
         ahead = self.lead(level)
-        if ahead is None:  # measure both arms, drafting first
-            return self.samples.get((level, True), 0) <= self.samples.get((level, False), 0)
-        if self.burst.get(level, 0) > 0:  # exploring: the arm that was behind when the burst began
-            self.burst[level] -= 1
-            return not self.leader[level]
+        if ahead is None:  # measure every arm, the drafting ones first
+            return min(range(self.n_arms), key=lambda arm: (self.samples.get((level, arm), 0), -arm))
+        arm, left = self.burst.get(level, (0, 0))
+        if left > 0:  # exploring: an arm that was behind when the burst began
+            self.burst[level] = (arm, left - 1)
+            return arm
         waited = self.waited.get(level, 0) + 1
         every = self.every.get(level, EXPLORE_EVERY)
         if waited < every:
@@ -122,26 +137,29 @@ class SpeculationGate:
         same = self.leader.get(level, ahead) == ahead and self.measured(level) and self.clear(level)
         self.every[level] = min(2 * every, MAX_EXPLORE_EVERY) if same else EXPLORE_EVERY
         self.leader[level] = ahead
-        self.burst[level] = EXPLORE_STEPS - 1
-        return not ahead
+        behind = [arm for arm in range(self.n_arms) if arm != ahead]
+        turn = self.explored.get(level, 0)
+        self.explored[level] = turn + 1
+        arm = behind[turn % len(behind)]
+        self.burst[level] = (arm, EXPLORE_STEPS - 1)
+        return arm
 
-    def record(self, decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A decode-only step of `decoding` sequences gave `tokens` tokens in `seconds`, with or without drafts."""
+    def record(self, decoding: int, arm: int, tokens: int, seconds: float) -> None:
+        """A decode-only step of `decoding` sequences run by `arm` gave `tokens` tokens in `seconds`."""
         if seconds <= 0:
             return
         level = self.level(decoding)
-        for arm in (True, False):
-            if (level, arm) in self.arms:
-                self.arms[(level, arm)].fade()
-        self.arms.setdefault((level, drafted), ArmSums()).add(tokens, seconds)
-        self.samples[(level, drafted)] = self.samples.get((level, drafted), 0) + 1
+        for other in range(self.n_arms):
+            if (level, other) in self.arms:
+                self.arms[(level, other)].fade()
+        self.arms.setdefault((level, arm), ArmSums()).add(tokens, seconds)
+        self.samples[(level, arm)] = self.samples.get((level, arm), 0) + 1
 
-    def drafting(self) -> dict[int, bool | None]:
-        """Per load level, whether drafts currently lead (None: not measured yet); for metrics and reports."""
+    def leaders(self) -> dict[int, int | None]:
+        """Per load level, the arm currently ahead (None: not every arm measured there yet); for metrics and
+        reports."""
         levels = {level for level, _ in self.samples}
         return {
-            level: (self.rate(level, True) >= self.rate(level, False))
-            if (level, True) in self.samples and (level, False) in self.samples
-            else None
+            level: self._best(level) if all((level, arm) in self.samples for arm in range(self.n_arms)) else None
             for level in sorted(levels)
         }

@@ -79,7 +79,7 @@ class StepPlan:
     logits: list[Logits] = field(default_factory=list)
     failed: list[tuple[Request, str]] = field(default_factory=list)  # requests whose drafter raised: out of the step
     drafted: int = 0  # draft tokens in the step
-    drafting: bool = False  # drafts were made for the step (the planner may have cut them all): the gate's arm
+    arm: int = 0  # the gate's arm, where drafts were made for the step (the planner may have cut them all)
     decode_only: bool = False  # no prompt chunk in the step: its tokens per second measure decoding at this load
 
     def add(self, request: Request, tokens: list[int], past: int) -> None:
@@ -114,6 +114,7 @@ class Scheduler:
         layers: int,
         kv_tokens: int,
         whole_prompts: bool = False,
+        tiers: tuple[str, ...] = Drafter.tiers,
     ):
         self.config, self.draft, self.make_drafter = config, draft, make_drafter
         # each prompt read in one chunk and never after a cached prefix, so its rows get the bits of the request's
@@ -122,7 +123,9 @@ class Scheduler:
         self.sequence_options, self.layers, self.kv_tokens = sequence_options, layers, kv_tokens
         self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
         self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
-        self.gate = SpeculationGate()  # whether drafts have paid at this load, measured
+        # whether drafts have paid at this load, and which of the drafters' tiers, measured
+        self.gate = SpeculationGate(1 + len(tiers))
+        self.arm = 0  # the gate's arm for this step's drafts
         self.drafted_ahead = False  # this step's drafters that estimate acceptance drafted (draft_ahead)
         self.prefix_cache = PrefixCache(0 if whole_prompts else min(config.prefix_cache_tokens, kv_tokens // 2))
         self.lock = threading.Lock()  # guards `incoming` (touched by other threads)
@@ -219,7 +222,7 @@ class Scheduler:
         decoding = [r for r in self.running if r.decoding][:streams]
         if len(decoding) == streams:  # more streams than rows: the ones served now go to the back of the line
             self.running = [r for r in self.running if r not in decoding] + decoding
-        self.drafted_ahead = False
+        self.arm, self.drafted_ahead = 0, False
         draft_lengths = [0] * len(decoding) if reading else self._draft_lengths(decoding, budget)
         row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget, rest) if decoding else budget
         chunks, rows = [], len(decoding) + sum(draft_lengths)
@@ -252,7 +255,7 @@ class Scheduler:
             plan.add(request, tokens, request.kv.length)
             plan.drafted += len(tokens) - 1
         plan.decode_only = not chunks
-        plan.drafting = plan.drafted > 0 or self.drafted_ahead
+        plan.arm = self.arm if plan.drafted > 0 or self.drafted_ahead else 0
         for request, n in chunks:
             done = request.read
             plan.add(request, request.reading[done : done + n], done)
@@ -332,8 +335,11 @@ class Scheduler:
                 lengths.append(min(r.seq.controller.demand(r.seq.room).cap, left))
                 left -= lengths[-1]
             return lengths
-        if not self.costs or not self.gate.allow(len(decoding)):  # nothing measured yet, or drafts have not paid here
+        self.arm = self.gate.choose(len(decoding)) if self.costs else 0
+        if not self.arm:  # nothing measured yet, or drafts have not paid here
             return [0] * len(decoding)
+        for r in decoding:
+            r.seq.drafter.tier = self.arm - 1
         # drafting time is inside the measured step cost (see Engine.step), so it is not charged again per draft token
         demands = [
             DraftDemand(d.acceptance, 0.0, d.cap) for d in (r.seq.controller.demand(r.seq.room) for r in decoding)
