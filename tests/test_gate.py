@@ -254,9 +254,11 @@ def test_the_head_s_tiers_are_arms_of_the_engine_s_gate_and_every_arm_stays_loss
     """A head drafter offers two tiers (copies alone; copies and head steps): the engine's gate has three arms, and
     whichever arm a step runs (drawn at random here), every request gets the tokens of plain greedy alone."""
     import random
+    from unittest.mock import patch
 
     from conftest import tiny_head
 
+    from leapdecode.drafters.head import HeadDrafter
     from leapdecode.models import resolve_model
 
     target = resolve_model(str(make_tiny_hf_dir(tmp_path / "tiny", context=256)))
@@ -265,11 +267,19 @@ def test_the_head_s_tiers_are_arms_of_the_engine_s_gate_and_every_arm_stays_loss
     engine = Engine(target, drafter="head", drafter_options={"head": str(head_dir), "confidence": 0.0})
     gate, draw = engine.scheduler.gate, random.Random(0)
     assert gate.n_arms == 3
-    arms = []
+    arms, tiers = [], []
     gate.choose = lambda n: arms.append(draw.randrange(3)) or arms[-1]
+    propose_many = HeadDrafter.propose_many.__func__
+
+    def seen(cls, drafters, contexts, ks):  # the tier each drafting sequence was asked for, with the step's arm
+        tiers.extend((arms[-1], d.tier) for d, k in zip(drafters, ks) if k > 0)
+        return propose_many(cls, drafters, contexts, ks)
+
     prompts = [[5 + i, 6, 7, 8] * 3 + [9 + i, 6, 7] for i in range(3)]
-    results = engine.generate_many(prompts, max_new_tokens=40)
+    with patch.object(HeadDrafter, "propose_many", classmethod(seen)):
+        results = engine.generate_many(prompts, max_new_tokens=40)
     assert [r.token_ids for r in results] == [
         generate(target, p, max_new_tokens=40, drafter="none").token_ids for p in prompts
     ]
     assert {arm for (_, arm) in gate.samples} == {0, 1, 2} and set(arms) == {0, 1, 2}
+    assert tiers and all(tier == arm - 1 for arm, tier in tiers)  # arm 1: copies alone; arm 2: the whole way
