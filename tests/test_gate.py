@@ -238,6 +238,19 @@ def test_with_three_arms_the_gate_runs_the_best_and_the_arms_behind_take_turns()
     assert gate.leaders() == {3: 1} and gate.clear(3)
 
 
+def test_the_gate_reports_each_level_s_rates_and_the_arm_ahead_by_name():
+    gate, names = SpeculationGate(arms=3), ("none", "copies", "head")
+    for _ in range(MIN_SAMPLES):
+        for arm, tokens in ((0, 2), (1, 3), (2, 1)):
+            gate.record(5, arm, tokens, 1.0)
+    gate.record(1, 2, 4, 2.0)
+    assert [SpeculationGate.span(level) for level in (1, 2, 3, 5)] == ["1", "2-3", "4-7", "16-31"]
+    assert gate.report(names) == {
+        "1": {"ahead": None, "rates": {"head": 2.0}},
+        "4-7": {"ahead": "copies", "rates": {"none": 2.0, "copies": pytest.approx(3.0), "head": 1.0}},
+    }
+
+
 def test_with_three_arms_a_lead_is_clear_only_over_both_others():
     gate = SpeculationGate(arms=3)
     for i in range(4 * MIN_SAMPLES):  # arm 1 yields 1 or 5 tokens (3 on average), arm 0 always 3, arm 2 always 1

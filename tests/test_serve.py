@@ -396,6 +396,16 @@ def test_metrics_use_vllm_names_and_match_the_engine(server, client):
     assert values['vllm:e2e_request_latency_seconds_count{model_name="tiny"}'] == finished
     assert values['vllm:time_to_first_token_seconds_count{model_name="tiny"}'] >= 1
     assert values['vllm:inter_token_latency_seconds_count{model_name="tiny"}'] >= 1
+    # the speculation gate: per load level each arm's measured rate, and which arm it runs there
+    spec = engine["speculation"]
+    assert all(set(level["rates"]) <= {"none", "draft"} for level in spec.values())
+    assert any(level["ahead"] for level in spec.values())
+    for span, level in spec.items():
+        for arm, rate in level["rates"].items():
+            key = f'{{arm="{arm}",decoding="{span}",model_name="tiny"}}'
+            assert values["leapdecode:speculation_arm_tokens_per_second" + key] == pytest.approx(rate)
+            if level["ahead"] is not None:
+                assert values["leapdecode:speculation_arm_ahead" + key] == (arm == level["ahead"])
 
 
 def test_a_failing_step_fails_its_requests_and_the_server_goes_on(server, client, caplog):

@@ -46,7 +46,7 @@ class Drafter:
     floor = 0.0
     # Ways to draft, cheapest first (a draft head: its copies alone, then copies and head steps). The engine's gate
     # measures each as an arm of its own and sets `tier` before a step's drafts; -1, the whole way, elsewhere.
-    tiers: tuple[str, ...] = ("all",)
+    tiers: tuple[str, ...] = ("draft",)
     tier = -1
 
     def start(self, prompt_ids: list[int], sampling: SamplingConfig) -> None:

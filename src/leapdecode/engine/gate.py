@@ -155,6 +155,23 @@ class SpeculationGate:
         self.arms.setdefault((level, arm), ArmSums()).add(tokens, seconds)
         self.samples[(level, arm)] = self.samples.get((level, arm), 0) + 1
 
+    @staticmethod
+    def span(level: int) -> str:
+        """The numbers of decoding sequences a level covers: "1", "2-3", "4-7", ..."""
+        low, high = 1 << (level - 1), (1 << level) - 1
+        return str(low) if low == high else f"{low}-{high}"
+
+    def report(self, names: tuple[str, ...]) -> dict[str, dict]:
+        """Per load level (its span): the arm ahead (`names[arm]`; None until every arm has samples there) and each
+        sampled arm's tokens per second: what the gate decides on, for the server's metrics."""
+        return {
+            self.span(level): {
+                "ahead": None if lead is None else names[lead],
+                "rates": {names[arm]: self.rate(level, arm) for arm in range(self.n_arms) if (level, arm) in self.arms},
+            }
+            for level, lead in self.leaders().items()
+        }
+
     def leaders(self) -> dict[int, int | None]:
         """Per load level, the arm currently ahead (None: not every arm measured there yet); for metrics and
         reports."""

@@ -131,6 +131,27 @@ class _EngineCollector:
         c = CounterMetricFamily("leapdecode:engine_step_failures", "Engine steps that raised.", labels=["model_name"])
         c.add_metric([self.model_name], self.engine_thread.failures)
         yield c
+        yield from self._speculation(snap.get("speculation", {}))
+
+    def _speculation(self, levels: dict):
+        """The speculation gate per load level (`decoding`: how many sequences decode): the arm it runs there (1 for
+        that arm, 0 for the others: no drafts, or one of the drafter's ways to draft) and each arm's measured rate."""
+        labels = ["model_name", "decoding", "arm"]
+        ahead = GaugeMetricFamily(
+            "leapdecode:speculation_arm_ahead", "1 for the arm the speculation gate runs at this load.", labels=labels
+        )
+        rates = GaugeMetricFamily(
+            "leapdecode:speculation_arm_tokens_per_second",
+            "Tokens per second of decode-only steps by arm and load, as the speculation gate measured them (~50 steps).",
+            labels=labels,
+        )
+        for span, level in levels.items():
+            for arm, rate in level["rates"].items():
+                rates.add_metric([self.model_name, span, arm], rate)
+                if level["ahead"] is not None:
+                    ahead.add_metric([self.model_name, span, arm], float(arm == level["ahead"]))
+        yield ahead
+        yield rates
 
 
 class ServerMetrics:
