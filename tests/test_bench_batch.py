@@ -45,6 +45,9 @@ def test_bench_batch_writes_a_checked_report(tiny_dir, tmp_path):
         (m, c) for m in ("hf-generate", "engine", "engine-prompt-lookup", "engine-ngram") for c in (1, 3)
     }
     assert all(r["identical"] == 3 and r["output_tokens"] > 0 for r in runs)
+    # each engine run records what its speculation gate measured per load level (its arms: none, draft)
+    levels = [level for r in runs if r["method"].startswith("engine-") for level in r["speculation"].values()]
+    assert levels and all(set(level["rates"]) <= {"none", "draft"} for level in levels)
     assert "| engine-ngram | 3 |" in (out / "report.md").read_text() and (out / "throughput.png").stat().st_size > 0
 
 

@@ -144,6 +144,7 @@ def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on
             "draft_tokens": drafted,
             "failed": failed[0],
             "acceptance": accepted / drafted if drafted else None,
+            "speculation": engine.metrics()["speculation"],  # the gate's arms per load level at the run's end
         },
     )
 
