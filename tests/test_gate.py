@@ -221,7 +221,7 @@ def test_a_new_level_follows_its_measured_neighbour_instead_of_paying_its_own_st
 def test_with_three_arms_the_gate_runs_the_best_and_the_arms_behind_take_turns():
     """Arms 0 (plain), 1 (a drafter's cheaper tier), 2 (its whole way): measured in turn, the drafting arms first;
     then the best runs and the explorations alternate between the two behind, on the two-arm schedule."""
-    gate, rates, steps = SpeculationGate(arms=3), {0: 20, 1: 30, 2: 10}, 2 * MAX_EXPLORE_EVERY
+    gate, rates, steps = SpeculationGate(("copies", "head")), {0: 20, 1: 30, 2: 10}, 2 * MAX_EXPLORE_EVERY
     choices = []
     for _ in range(steps):
         arm = gate.choose(4)
@@ -239,20 +239,20 @@ def test_with_three_arms_the_gate_runs_the_best_and_the_arms_behind_take_turns()
 
 
 def test_the_gate_reports_each_level_s_rates_and_the_arm_ahead_by_name():
-    gate, names = SpeculationGate(arms=3), ("none", "copies", "head")
+    gate = SpeculationGate(("copies", "head"))
     for _ in range(MIN_SAMPLES):
         for arm, tokens in ((0, 2), (1, 3), (2, 1)):
             gate.record(5, arm, tokens, 1.0)
     gate.record(1, 2, 4, 2.0)
     assert [SpeculationGate.span(level) for level in (1, 2, 3, 5)] == ["1", "2-3", "4-7", "16-31"]
-    assert gate.report(names) == {
+    assert gate.names == ("none", "copies", "head") and gate.report() == {
         "1": {"ahead": None, "rates": {"head": 2.0}},
         "4-7": {"ahead": "copies", "rates": {"none": 2.0, "copies": pytest.approx(3.0), "head": 1.0}},
     }
 
 
 def test_with_three_arms_a_lead_is_clear_only_over_both_others():
-    gate = SpeculationGate(arms=3)
+    gate = SpeculationGate(("copies", "head"))
     for i in range(4 * MIN_SAMPLES):  # arm 1 yields 1 or 5 tokens (3 on average), arm 0 always 3, arm 2 always 1
         for arm, tokens in ((0, 3), (1, 1 if i % 2 else 5), (2, 1)):
             gate.record(1, arm, tokens, 1.0)

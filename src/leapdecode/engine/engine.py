@@ -96,7 +96,6 @@ class Engine:
         make_drafter = drafter_factory(drafter, self.target, draft_model, draft_dtype, **(drafter_options or {}))
         probe = make_drafter()
         self.drafter_name = probe.name
-        self.arm_names = ("none", *probe.tiers)  # the speculation gate's arms, as metrics name them
         sequence_options = dict(eos_ids=set(self.target.eos_token_ids), context_length=self.context_length)
         self.kv_token_bytes = kv_bytes_per_token(self.model)
         self.kv_cache_bytes = scheduler.kv_cache_bytes or default_kv_cache_bytes()
@@ -260,7 +259,7 @@ class Engine:
             "num_preemptions": s.preemptions,
             "prefix_cache_tokens": s.prefix_cache.tokens,
             "prefix_cache_bytes": s.prefix_cache.tokens * self.kv_token_bytes,
-            "speculation": s.gate.report(self.arm_names),
+            "speculation": s.gate.report(),
             **self.counters,
         }
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..drafters.base import Drafter
+
 RATE_DECAY = 0.98  # per step of a level, the weight left to both arms' older samples there
 CLEAR_Z = 2.0  # a lead is clear when the two rates differ by this many standard errors
 EXPLORE_EVERY = 16  # steps of a level before its first exploration, and after one that changed the lead
@@ -73,11 +75,13 @@ class ArmSums:
 
 
 class SpeculationGate:
-    """Arms: 0 runs plain steps; arm a > 0 lets the planner draft with the drafters' tier a - 1 (Drafter.tiers: a
-    drafter's ways to draft, cheapest first, e.g. the head's copies alone before copies and head steps)."""
+    """Arms: 0 runs plain steps; arm a > 0 lets the planner draft with the drafters' tier a - 1 (`tiers`, from
+    Drafter.tiers: a drafter's ways to draft, cheapest first, e.g. the head's copies alone before copies and head
+    steps). `names`: "none" and the tiers, as reports and metrics call the arms."""
 
-    def __init__(self, arms: int = 2):
-        self.n_arms = arms
+    def __init__(self, tiers: tuple[str, ...] = Drafter.tiers):
+        self.names = ("none", *tiers)
+        self.n_arms = len(self.names)
         self.arms: dict[tuple[int, int], ArmSums] = {}  # (level, arm) -> its sums
         self.samples: dict[tuple[int, int], int] = {}
         self.waited: dict[int, int] = {}  # per level: steps since its last exploration (or since every arm had samples)
@@ -161,9 +165,10 @@ class SpeculationGate:
         low, high = 1 << (level - 1), (1 << level) - 1
         return str(low) if low == high else f"{low}-{high}"
 
-    def report(self, names: tuple[str, ...]) -> dict[str, dict]:
-        """Per load level (its span): the arm ahead (`names[arm]`; None until every arm has samples there) and each
+    def report(self) -> dict[str, dict]:
+        """Per load level (its span): the arm ahead (by name; None until every arm has samples there) and each
         sampled arm's tokens per second: what the gate decides on, for the server's metrics."""
+        names = self.names
         return {
             self.span(level): {
                 "ahead": None if lead is None else names[lead],

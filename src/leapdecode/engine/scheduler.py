@@ -124,7 +124,7 @@ class Scheduler:
         self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
         self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
         # whether drafts have paid at this load, and which of the drafters' tiers, measured
-        self.gate = SpeculationGate(1 + len(tiers))
+        self.gate = SpeculationGate(tiers)
         self.arm = 0  # the gate's arm for this step's drafts
         self.drafted_ahead = False  # this step's drafters that estimate acceptance drafted (draft_ahead)
         self.prefix_cache = PrefixCache(0 if whole_prompts else min(config.prefix_cache_tokens, kv_tokens // 2))
