@@ -39,7 +39,7 @@ def bf16_twin(smollm):
     return copy.deepcopy(smollm.model).to(torch.bfloat16)
 
 
-def hf_greedy(loaded, prompt_ids, max_new_tokens):
+def hf_greedy(loaded, prompt_ids, max_new_tokens, **options):
     ids = torch.tensor([prompt_ids])
     with torch.inference_mode():
         out = loaded.model.generate(
@@ -49,6 +49,7 @@ def hf_greedy(loaded, prompt_ids, max_new_tokens):
             max_new_tokens=max_new_tokens,
             eos_token_id=list(loaded.eos_token_ids),
             pad_token_id=loaded.tokenizer.pad_token_id,
+            **options,
         )
     return out[0, len(prompt_ids) :].tolist()
 
@@ -90,6 +91,24 @@ def test_every_drafter_reproduces_greedy(smollm, bf16_twin, drafter):
     if drafter == "head":
         # the shipped head must actually be accepted: over all prompts, not on each (a 20-token answer can be unlucky)
         assert new_tokens / forwards > 1.4
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "head"])
+def test_repetition_penalty_and_logit_bias_reproduce_hf_greedy(smollm, drafter):
+    """HF `generate`'s repetition_penalty and sequence_bias, and ours under speculation: the same tokens."""
+    bias = {encode_prompt(smollm.tokenizer, " the", raw=True)[0]: -5.0}
+    changed = 0
+    for prompt in PROMPTS[:4]:
+        prompt_ids = encode_prompt(smollm.tokenizer, prompt)
+        expected = hf_greedy(
+            smollm, prompt_ids, 48, repetition_penalty=1.2, sequence_bias={(t,): b for t, b in bias.items()}
+        )
+        result = leapdecode.generate(
+            smollm, prompt, drafter=drafter, max_new_tokens=48, repetition_penalty=1.2, logit_bias=bias
+        )
+        assert result.token_ids == expected, divergence_report(smollm, prompt_ids, expected, result.token_ids)
+        changed += expected != hf_greedy(smollm, prompt_ids, 48)
+    assert changed >= 2
 
 
 def test_sampling_is_reproducible_with_a_seed(smollm):

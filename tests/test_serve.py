@@ -97,6 +97,31 @@ def test_matches_the_generate_command(client, model_dir, capsys):
     assert r.choices[0].message.content == expected
 
 
+@pytest.mark.parametrize(
+    "penalties",
+    [
+        dict(frequency_penalty=0.8, presence_penalty=0.3),
+        dict(extra_body={"repetition_penalty": 1.4}),
+        dict(logit_bias={"5": 40, "7": -100}, presence_penalty=-0.5),
+    ],
+)
+def test_penalties_and_logit_bias_through_the_openai_client(client, target, penalties):
+    """OpenAI's frequency/presence penalties and logit_bias, vLLM's repetition_penalty: the server's speculative
+    answer (prompt lookup) equals `generate` alone with the same settings, which differs from the plain answer."""
+    options = {k: v for k, v in penalties.items() if k != "extra_body"} | penalties.get("extra_body", {})
+    if "logit_bias" in options:
+        options["logit_bias"] = {int(t): b for t, b in options["logit_bias"].items()}
+    ref = solo(target, PROMPTS[0], 40, **options)
+    assert ref.token_ids != solo(target, PROMPTS[0], 40).token_ids
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=40, temperature=0, **penalties
+    )
+    assert r.choices[0].message.content == ref.text
+    raw = solo(target, PROMPTS[1], 30, raw=True, **options)
+    r = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=30, temperature=0, **penalties)
+    assert r.choices[0].text == raw.text
+
+
 def test_chat_stream_joins_to_the_same_text_with_usage_last(client, target):
     ref = solo(target, PROMPTS[0], 40)
     chunks = list(
@@ -226,10 +251,14 @@ BAD = [
     ),
     (
         "/v1/chat/completions",
-        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5},
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 2.5},
         400,
         "frequency_penalty",
     ),
+    ("/v1/completions", {"model": "tiny", "prompt": "hello", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hello", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hello", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hello", "logit_bias": {"99999999": 1}}, 400, "logit_bias"),
     ("/v1/nowhere", {}, 404, None),
 ]
 

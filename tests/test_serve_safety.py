@@ -161,9 +161,8 @@ REFUSED = [
     ("/v1/completions", {"suffix": "x"}, "suffix"),
     ("/v1/completions", {"logprobs": 2, "echo": True}, "echo"),  # the prompt's logprobs are not computed
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
-    ("/v1/completions", {"presence_penalty": 0.5}, "presence_penalty"),
-    ("/v1/completions", {"repetition_penalty": 1.2}, "repetition_penalty"),
-    ("/v1/completions", {"logit_bias": {"5": 10}}, "logit_bias"),
+    ("/v1/completions", {"length_penalty": 0.5}, "length_penalty"),
+    ("/v1/completions", {"bad_words": ["x"]}, "bad_words"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ("/v1/completions", {"skip_special_tokens": False}, "skip_special_tokens"),

@@ -59,6 +59,7 @@ def generate(
     require(not params.stop, "generate has no stop strings yet: use the Engine (or cut the text) for `stop`")
     target = resolve_model(model, tokenizer, dtype)
     prompt_ids = encode_prompt(target.tokenizer, prompt, params.raw)
+    params.check_vocab(len(target.tokenizer))
     context = target.context_length
     require(
         len(prompt_ids) < context,
@@ -82,7 +83,7 @@ def generate(
         context_length=context,
         on_tokens=stream,
         logprobs_sink=logprobs,
-        **params.stop_options(),
+        **params.state_options(),
     )
     text = target.tokenizer.decode(tokens, skip_special_tokens=True)
     return GenerationResult(

@@ -33,6 +33,9 @@ def add_generate(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=_int, default=0)
     p.add_argument("--seed", type=_int)
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages tokens already seen (HF's)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2], per occurrence (OpenAI's)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2], once per token seen (OpenAI's)")
     p.add_argument(
         "--dtype",
         default="float32",
@@ -119,6 +122,9 @@ def _generate(args, target, prompt, press, stream):
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.seed,
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
         raw=args.raw,
         dtype=args.dtype,
         draft_dtype=args.draft_dtype,

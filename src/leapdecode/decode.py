@@ -30,10 +30,10 @@ def decode(
     context_length: int,
     on_tokens: Callable[[list[int]], None] | None = None,
     logprobs_sink: list | None = None,
-    **stop_options,
+    **state_options,
 ) -> tuple[list[int], GenerationStats]:
     """Generate up to max_new_tokens after prompt_ids; stop at EOS (kept) exactly where plain decoding would.
-    With `logprobs` among the stop options, `logprobs_sink` receives one TokenLogprobs per output token."""
+    With `logprobs` among the state options, `logprobs_sink` receives one TokenLogprobs per output token."""
     seq = SequenceState(
         prompt_ids,
         drafter,
@@ -42,7 +42,7 @@ def decode(
         max_new_tokens=max_new_tokens,
         eos_ids=eos_ids,
         context_length=context_length,
-        **stop_options,  # min_tokens, stop_token_ids, ignore_eos (params.RequestParams.stop_options)
+        **state_options,  # stops, penalties, logprobs (params.RequestParams.state_options)
     )
     runner.keep_hidden = drafter.needs_hidden
     runner.argmax_only = seq.argmax_only

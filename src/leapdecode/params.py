@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 
 from .controller import DraftLengthController
 from .errors import require
+from .penalties import Penalties
 from .sampling import SamplingConfig
 
 # stop reason of a sequence (stats.GenerationStats.stop_reason) -> OpenAI/vLLM finish reason
@@ -50,7 +51,9 @@ class RequestParams:
     cannot be produced before this many tokens: the sampled distribution excludes them there). `logprobs`: report,
     for every output token, its log-probability and that of the `logprobs` most likely tokens (0: the chosen token's
     only; None: none) under the target model's raw distribution (log_softmax of its logits, before temperature and
-    any filter or mask, as vLLM's default `raw_logprobs`)."""
+    any filter or mask, as vLLM's default `raw_logprobs`). `repetition_penalty`, `frequency_penalty`,
+    `presence_penalty` and `logit_bias` ({token id: bias}) as vLLM applies them (penalties.Penalties); like the
+    sampling settings they change the distribution plain and speculative decoding both draw from."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -64,7 +67,12 @@ class RequestParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
     sampling: SamplingConfig = field(init=False, repr=False, compare=False)
+    penalties: Penalties = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         require(
@@ -106,15 +114,33 @@ class RequestParams:
             min_p=float(self.min_p),
         )
         object.__setattr__(self, "sampling", sampling)
+        bias = self.logit_bias
+        require(
+            bias is None or isinstance(bias, (dict, list, tuple)),
+            f"logit_bias must be a dict of token id to bias, got {type(bias).__name__}",
+        )
+        penalties = Penalties(
+            repetition=self.repetition_penalty,
+            frequency=self.frequency_penalty,
+            presence=self.presence_penalty,
+            logit_bias=tuple(dict(bias or {}).items()),
+        )
+        object.__setattr__(self, "penalties", penalties)
 
-    def stop_options(self) -> dict:
-        """SequenceState's keyword arguments for where the output may and must end (besides max_new_tokens), and
-        the logprobs it reports."""
+    def check_vocab(self, vocab: int) -> None:
+        """Fail in one line where the request names a token the tokenizer does not have (logit_bias)."""
+        bad = next((t for t, _ in self.penalties.logit_bias if t >= vocab), None)
+        require(bad is None, f"logit_bias: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
+
+    def state_options(self) -> dict:
+        """SequenceState's keyword arguments besides the sampling settings and max_new_tokens: where the output may
+        and must end, the penalties, and the logprobs it reports."""
         return dict(
             min_tokens=self.min_tokens,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
+            penalties=self.penalties,
         )
 
     @classmethod

@@ -19,6 +19,7 @@ import torch
 from .controller import DraftLengthController
 from .drafters.base import EMPTY, Draft, Drafter
 from .drafters.calibration import cumulative
+from .penalties import NO_PENALTIES, Penalties, prompt_mask
 from .sampling import SamplingConfig, generator_at, probabilities
 from .stats import GenerationStats
 from .verify import greedy_accept, greedy_accept_ids, speculative_accept
@@ -51,11 +52,14 @@ class SequenceState:
         stop_token_ids=(),
         ignore_eos: bool = False,
         logprobs: int | None = None,
+        penalties: Penalties = NO_PENALTIES,
     ):
         """`eos_ids`: the model's end of sequence; `stop_token_ids` end the output too (kept in it, as EOS is);
         `ignore_eos`: EOS ends nothing; `min_tokens`: no stop token (EOS unless ignored, stop_token_ids) can be
         produced at output positions before it (masked out of the distribution there, greedy or sampled);
-        `logprobs`: keep a TokenLogprobs with that many top alternatives for every output token (None: none)."""
+        `logprobs`: keep a TokenLogprobs with that many top alternatives for every output token (None: none);
+        `penalties`: repetition/frequency/presence penalties and a logit bias, applied to every row by what precedes
+        it (penalties.Penalties)."""
         if not sampling.greedy:  # one seed for the whole request, drawn now if none was given
             sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
         self.prompt_ids = list(prompt_ids)
@@ -63,6 +67,8 @@ class SequenceState:
         self.max_new_tokens, self.eos_ids, self.context_length = max_new_tokens, eos_ids, context_length
         self.stop_ids = (set() if ignore_eos else set(eos_ids)) | set(stop_token_ids)
         self.min_tokens = min_tokens
+        self.penalties = penalties
+        self._in_prompt: torch.Tensor | None = None  # penalties.prompt_mask, built at the first step that needs it
         self.context = list(prompt_ids)
         self.out: list[int] = []
         self.num_logprobs = logprobs
@@ -83,7 +89,7 @@ class SequenceState:
         """Whether the next forward's logits are read only through their argmax (greedy, nothing masked), so the
         output head may be argmax-only."""
         masked = self.stop_ids and len(self.out) < self.min_tokens
-        return self.sampling.greedy and not masked and self.num_logprobs is None
+        return self.sampling.greedy and not masked and self.num_logprobs is None and not self.penalties.active
 
     @property
     def room(self) -> int:
@@ -105,8 +111,8 @@ class SequenceState:
         logits' argmax per row, where the caller took it for many sequences at once (greedy only)."""
         draft = self.draft
         raw = logits
-        logits = _suppress(logits, self.stop_ids, self.min_tokens - len(self.out))
-        if argmax is not None and self.sampling.greedy and logits is raw:  # nothing suppressed: that argmax holds
+        logits = _suppress(self._penalised(logits), self.stop_ids, self.min_tokens - len(self.out))
+        if argmax is not None and self.sampling.greedy and logits is raw:  # nothing changed: that argmax holds
             new = greedy_accept_ids(draft.tokens, argmax)
         else:
             new = _verify(draft, logits, self.sampling, len(self.out))
@@ -134,6 +140,14 @@ class SequenceState:
                 self.drafter.see_hidden(None if hidden is None else hidden[accepted])
         self.drop_draft()
         return new, len(draft.tokens) - accepted
+
+    def _penalised(self, logits: torch.Tensor) -> torch.Tensor:
+        """The rows' logits after the penalties (the same tensor where there are none)."""
+        if not self.penalties.active:
+            return logits
+        if self.penalties.needs_prompt and self._in_prompt is None:
+            self._in_prompt = prompt_mask(self.prompt_ids, logits.shape[-1]).to(logits.device)
+        return self.penalties.apply(logits, self.out, self.draft.tokens, self._in_prompt)
 
     def drop_draft(self) -> None:
         """Forget the draft: verified, or never to be (a request preempted after its drafter drafted ahead reads its

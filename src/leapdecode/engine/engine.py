@@ -162,6 +162,7 @@ class Engine:
         params = RequestParams.of(params, **options)
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, params.raw)
+            params.check_vocab(len(self.tokenizer))
         require(
             len(prompt_ids) < self.context_length,
             f"the prompt has {len(prompt_ids)} tokens but {self.name} has a context of {self.context_length}",

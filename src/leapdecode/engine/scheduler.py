@@ -208,7 +208,7 @@ class Scheduler:
             controller=controller,
             sampling=request.params.sampling,
             max_new_tokens=request.params.max_new_tokens,
-            **request.params.stop_options(),
+            **request.params.state_options(),
             **self.sequence_options,
         )
         seq.start = request.arrival  # time to first token counts the wait

@@ -23,12 +23,8 @@ def _neutral(*values):
 
 
 COMMON_REFUSED = {
-    "presence_penalty": (_neutral(0), "speculative decoding keeps the model's own distribution; leave it at 0"),
-    "frequency_penalty": (_neutral(0), "speculative decoding keeps the model's own distribution; leave it at 0"),
-    "repetition_penalty": (_neutral(1), "leave it at 1"),
     "length_penalty": (_neutral(1), "it applies to beam search, which this server does not do"),
     "use_beam_search": (_falsy, "beam search is not supported"),
-    "logit_bias": (_falsy, ""),
     "allowed_token_ids": (_falsy, ""),
     "bad_words": (_falsy, ""),
     "logits_processors": (_falsy, ""),

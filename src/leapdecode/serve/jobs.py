@@ -27,6 +27,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     bad = next((t for t in body.stop_token_ids or () if not 0 <= t < vocab), None)
     if bad is not None:
         raise APIError(400, f"stop_token_ids: {bad} is outside the vocabulary of {vocab}", param="stop_token_ids")
+    logit_bias = _logit_bias(body.logit_bias, vocab)
     all_ids = await state.tokenizers.run(encode_all, prompts, chat, param)
     echoes = [""] * len(all_ids)
     if not chat and body.echo:
@@ -72,10 +73,29 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         stop_token_ids=tuple(body.stop_token_ids or ()),
                         ignore_eos=bool(body.ignore_eos),
                         logprobs=body.num_logprobs(),
+                        repetition_penalty=float(body.repetition_penalty or 1.0),
+                        frequency_penalty=float(body.frequency_penalty or 0.0),
+                        presence_penalty=float(body.presence_penalty or 0.0),
+                        logit_bias=logit_bias,
                     ),
                 )
             )
     return jobs
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab: int) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token ids as JSON's string keys) as {token id: bias}; APIError(400) where it is not."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        token = int(key) if key.strip().isdigit() else -1
+        if not 0 <= token < vocab:
+            raise APIError(400, f"logit_bias: {key!r} is not a token id of the vocabulary of {vocab}", "logit_bias")
+        if not -100 <= value <= 100:
+            raise APIError(400, f"logit_bias: the bias of token {token} must be in [-100, 100]", "logit_bias")
+        out[token] = float(value)
+    return out
 
 
 def submit(state, jobs: list[dict]) -> tuple[asyncio.Queue, dict[int, int]]:

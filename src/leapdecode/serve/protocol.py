@@ -70,6 +70,10 @@ class _Common(BaseModel):
     min_tokens: Optional[StrictInt] = Field(default=None, ge=0)
     stop_token_ids: Optional[list[StrictInt]] = None
     ignore_eos: Optional[StrictBool] = None
+    frequency_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: Optional[Number] = Field(default=None, gt=0.0)
+    logit_bias: Optional[dict[str, Number]] = None  # token id (as a string, as JSON keys are) -> bias in [-100, 100]
     request_id: Optional[str] = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
 
     def unsupported(self) -> tuple[str, str] | None:

@@ -1,0 +1,219 @@
+"""Repetition, frequency and presence penalties and logit_bias: the same logits as HF `generate` (its
+`repetition_penalty` and `sequence_bias`, and a processor of vLLM's frequency/presence formula written here), and
+lossless under speculation: a verified row is penalised for the drafted tokens before it, so greedy output and seeded
+sampling give exactly plain decoding's tokens, alone and in the batched Engine, for every drafter and arrival order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tiny_hf import make_tiny_hf_dir
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from leapdecode import generate, kernels
+from leapdecode.drafters.oracle import OracleDrafter
+from leapdecode.engine import Engine
+from leapdecode.errors import LeapDecodeError
+from leapdecode.models import resolve_model
+from leapdecode.params import RequestParams
+from leapdecode.penalties import Penalties, prompt_mask
+from leapdecode.prompt import encode_prompt
+
+RAW = "w1 w7"  # raw, greedy: loops without an end of sequence (test_request_options), so penalties bite
+DRAFTERS = ("none", "prompt-lookup", "ngram", "select")
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return resolve_model(str(make_tiny_hf_dir(tmp_path_factory.mktemp("penalties") / "tiny", context=160)))
+
+
+class OutputPenalties(LogitsProcessor):
+    """vLLM's frequency and presence penalties on the tokens generated after the prompt (HF has neither)."""
+
+    def __init__(self, prompt_length: int, frequency: float, presence: float):
+        self.prompt_length, self.frequency, self.presence = prompt_length, frequency, presence
+
+    def __call__(self, input_ids, scores):
+        out = input_ids[:, self.prompt_length :]
+        counts = torch.zeros_like(scores).scatter_add_(1, out, torch.ones_like(out, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).float()
+
+
+def hf_greedy(target, prompt_ids, n, repetition=1.0, frequency=0.0, presence=0.0, bias=None) -> list[int]:
+    ids = torch.tensor([prompt_ids])
+    processors = LogitsProcessorList()
+    if frequency or presence:
+        processors.append(OutputPenalties(len(prompt_ids), frequency, presence))
+    with torch.no_grad():
+        out = target.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            repetition_penalty=repetition if repetition != 1 else None,
+            sequence_bias={(t,): b for t, b in (bias or {}).items()} or None,
+            logits_processor=processors,
+        )
+    tokens = out[0, len(prompt_ids) :].tolist()
+    return tokens[: tokens.index(1) + 1] if 1 in tokens else tokens
+
+
+def naive_row(logits_row, prompt, history, p: Penalties):
+    """One row by the formula, token by token (no tensors shared with the implementation)."""
+    row = logits_row.clone()
+    for t, b in p.logit_bias:
+        row[t] += b
+    for t in set(prompt) | set(history):
+        if p.repetition != 1:
+            row[t] = row[t] / p.repetition if row[t] > 0 else row[t] * p.repetition
+    for t in set(history):
+        row[t] -= p.frequency * history.count(t)
+        row[t] -= p.presence
+    return row
+
+
+@pytest.mark.parametrize(
+    "p",
+    [
+        Penalties(repetition=1.3),
+        Penalties(frequency=0.7),
+        Penalties(presence=-0.5),
+        Penalties(repetition=0.8, frequency=0.4, presence=1.1, logit_bias=((3, 5.0), (9, -100.0))),
+        Penalties(logit_bias=((0, 2.5),)),
+    ],
+)
+def test_each_row_is_penalised_for_the_output_and_the_drafts_before_it(p):
+    torch.manual_seed(0)
+    vocab, prompt, out, draft = 40, [5, 6, 7, 5], [7, 8, 8, 2], [8, 3, 8, 5, 11]
+    logits = torch.randn(len(draft) + 1, vocab) * 3
+    got = p.apply(logits, out, draft, prompt_mask(prompt, vocab))
+    for i in range(len(draft) + 1):
+        torch.testing.assert_close(got[i], naive_row(logits[i], prompt, out + draft[:i], p), rtol=0, atol=1e-6)
+    assert not torch.equal(got, logits)
+
+
+CASES = [
+    dict(repetition=1.5),
+    dict(repetition=0.7),
+    dict(frequency=0.6),
+    dict(presence=1.2),
+    dict(frequency=-0.3, presence=0.4, repetition=1.2),
+    dict(bias={27: -100.0, 6: 3.0}),
+    dict(bias={40: 2.0}, repetition=1.3, frequency=0.2),
+]
+
+
+def _options(case: dict) -> dict:
+    return dict(
+        repetition_penalty=case.get("repetition", 1.0),
+        frequency_penalty=case.get("frequency", 0.0),
+        presence_penalty=case.get("presence", 0.0),
+        logit_bias=case.get("bias"),
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("argmax_head", ["auto", "on"])  # "on": greedy steps would read an argmax-only output head
+def test_greedy_with_penalties_is_hf_greedy_for_every_drafter(target, case, argmax_head):
+    prompt_ids = encode_prompt(target.tokenizer, RAW, raw=True)
+    expected = hf_greedy(target, prompt_ids, 40, **case)
+    assert expected != hf_greedy(target, prompt_ids, 40)  # the penalty changes the output
+    for drafter in (*DRAFTERS, *oracles(expected)):
+        with kernels.configured(argmax_head=argmax_head):
+            got = generate(target, RAW, raw=True, drafter=drafter, max_new_tokens=40, **_options(case))
+        assert got.token_ids == expected, (drafter, case)
+        if isinstance(drafter, OracleDrafter):  # long drafts verified with the penalties on, some accepted
+            assert got.stats.accepted_draft_tokens >= 10
+
+
+def oracles(reference: list[int]) -> list[OracleDrafter]:
+    """Drafters that know the answer (every draft accepted), and one whose answer is wrong from token 12 on (drafts
+    rejected there, rolled back, then nothing more is drafted)."""
+    wrong = reference[:12] + [(t + 1) % 60 + 2 for t in reference[12:]]
+    return [OracleDrafter(reference), OracleDrafter(wrong)]
+
+
+def test_seeded_sampling_with_penalties_is_plain_sampling(target):
+    options = dict(raw=True, max_new_tokens=40, temperature=1.1, repetition_penalty=1.3, frequency_penalty=0.5)
+    for seed in range(3):
+        plain = generate(target, RAW, drafter="none", seed=seed, **options).token_ids
+        for drafter in ("prompt-lookup", "ngram", *oracles(plain)):
+            assert generate(target, RAW, drafter=drafter, seed=seed, **options).token_ids == plain
+
+
+def test_a_row_not_penalised_for_the_drafts_before_it_is_caught(target, monkeypatch):
+    """Plant the obvious bug (every row penalised for the output only): greedy and sampled equality must fail."""
+    original = Penalties.apply
+    monkeypatch.setattr(Penalties, "apply", lambda self, logits, out, draft, m=None: original(self, logits, out, [], m))
+    prompt_ids = encode_prompt(target.tokenizer, RAW, raw=True)
+    greedy = sampled = 0
+    for case in CASES[:5]:
+        expected = hf_greedy(target, prompt_ids, 40, **case)
+        got = generate(target, RAW, raw=True, drafter=OracleDrafter(expected), max_new_tokens=40, **_options(case))
+        greedy += got.token_ids != expected
+        options = dict(raw=True, max_new_tokens=40, temperature=1.1, seed=1, **_options(case))
+        plain = generate(target, RAW, drafter="none", **options).token_ids
+        sampled += generate(target, RAW, drafter=OracleDrafter(plain), **options).token_ids != plain
+    assert greedy > 0 and sampled > 0
+
+
+def _engine_requests(target, specs, seed):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for at, length, max_new, case in specs:
+        prompt = torch.randint(4, 64, (length,), generator=gen).tolist()
+        out.append((at, prompt, max_new, CASES[case]))
+    return out
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    specs=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(1, 20), st.integers(1, 30), st.integers(0, len(CASES) - 1)),
+        min_size=1,
+        max_size=5,
+    ),
+    drafter=st.sampled_from(DRAFTERS),
+    max_batch_tokens=st.sampled_from([3, 8, 64]),
+    seed=st.integers(0, 10**6),
+)
+def test_engine_batches_with_penalties_equal_hf_greedy_alone(target, specs, drafter, max_batch_tokens, seed):
+    engine = Engine(target, drafter=drafter, max_batch_tokens=max_batch_tokens, max_sequences=3)
+    requests = _engine_requests(target, specs, seed)
+    outputs: dict[int, list[int]] = {}
+    step = 0
+    while step <= max(r[0] for r in requests) or engine.has_work:
+        for i, (at, prompt, max_new, case) in enumerate(requests):
+            if at == step:
+                engine.add_request(
+                    prompt,
+                    max_new_tokens=max_new,
+                    on_output=lambda o, i=i: outputs.setdefault(i, []).extend(o.new_token_ids),
+                    **_options(case),
+                )
+        engine.step()
+        step += 1
+        assert step < 2000
+    for i, (_, prompt, max_new, case) in enumerate(requests):
+        assert outputs[i] == hf_greedy(target, prompt, max_new, **case), (i, case)
+
+
+def test_bad_values_fail_in_one_line(target):
+    with pytest.raises(LeapDecodeError, match="repetition_penalty"):
+        RequestParams(repetition_penalty=0)
+    with pytest.raises(LeapDecodeError, match="frequency_penalty"):
+        RequestParams(frequency_penalty=2.5)
+    with pytest.raises(LeapDecodeError, match="logit_bias"):
+        RequestParams(logit_bias={3: 101})
+    with pytest.raises(LeapDecodeError, match="logit_bias"):
+        RequestParams(logit_bias={"3": 1.0})
+    with pytest.raises(LeapDecodeError, match="vocabulary"):
+        generate(target, RAW, raw=True, logit_bias={10**6: 1.0})
+    engine = Engine(target, drafter="none")
+    with pytest.raises(LeapDecodeError, match="vocabulary"):
+        engine.add_request(RAW, raw=True, logit_bias={10**6: 1.0})
+    assert not engine.has_work
