@@ -111,6 +111,28 @@ def test_repetition_penalty_and_logit_bias_reproduce_hf_greedy(smollm, drafter):
     assert changed >= 2
 
 
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "head"])
+def test_structured_output_reproduces_hf_greedy_under_the_grammar(smollm, drafter):
+    """A JSON schema on the real model: the speculative answer is HF greedy under llguidance's mask (a reference
+    processor of its own), and it parses."""
+    import json
+
+    from grammar_reference import hf_greedy as hf_greedy_under
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+        "required": ["name", "age", "city"],
+        "additionalProperties": False,
+    }
+    prompt = "Describe a person named Ana, 31, from Lima, as JSON with the fields name, age and city."
+    prompt_ids = encode_prompt(smollm.tokenizer, prompt)
+    expected = hf_greedy_under(smollm, prompt_ids, 64, {"json": schema})
+    result = leapdecode.generate(smollm, prompt, drafter=drafter, max_new_tokens=64, structured_output={"json": schema})
+    assert result.token_ids == expected, divergence_report(smollm, prompt_ids, expected, result.token_ids)
+    assert result.stats.stop_reason == "eos" and set(json.loads(result.text)) == {"name", "age", "city"}
+
+
 def test_sampling_is_reproducible_with_a_seed(smollm):
     a = leapdecode.generate(
         smollm, PROMPTS[3], drafter="prompt-lookup", temperature=0.8, top_p=0.9, seed=7, max_new_tokens=24

@@ -1,11 +1,12 @@
-"""A tiny local HF model directory (random weights + a word-level tokenizer with a chat template), built offline."""
+"""Tiny local HF model directories (random weights + a word-level or byte-level BPE tokenizer with a chat template),
+built offline."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from conftest import tiny_model
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 WORDS = ["<unk>", "<eos>", "<user>", "<assistant>"] + [f"w{i}" for i in range(60)] + ["hello", "world", "the", "a"]
@@ -25,6 +26,36 @@ def make_tiny_hf_dir(path: Path, words=WORDS, context: int = 64, seed: int = 0) 
     model.config.max_position_embeddings = context
     model.config.eos_token_id = 1
     model.generation_config.eos_token_id = 1
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+BPE_TEXT = [
+    '{"name": "Ana", "age": 31, "city": "Lima"}',
+    '{"items": [1, 2, 3], "ok": true, "note": null}',
+    "2024-01-31 is a date; 1999-12-01 is another one.",
+    "yes no maybe yes no the cat sat on the mat",
+    "def add(a, b): return a + b",
+]
+
+
+def make_tiny_bpe_dir(path: Path, context: int = 256, seed: int = 0) -> Path:
+    """A byte-level BPE tokenizer (as GPT-2's, Llama 3's, Qwen's: every byte has a token) trained on a few lines
+    of JSON, dates and words, and a random model over its vocabulary; token 0 is the end of sequence."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    backend.train_from_iterator(BPE_TEXT * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = tiny_model("llama", seed=seed, vocab=len(tokenizer))
+    model.config.max_position_embeddings = context
+    model.config.eos_token_id = 0
+    model.generation_config.eos_token_id = 0
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

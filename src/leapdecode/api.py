@@ -17,6 +17,7 @@ from .params import DraftConfig, RequestParams
 from .prompt import Messages, encode_prompt
 from .runner import Runner
 from .stats import GenerationResult
+from .structured import grammar_for
 
 DRAFT_OPTIONS = ("draft_length", "max_draft_length", "adaptive_draft_length")
 
@@ -60,6 +61,7 @@ def generate(
     target = resolve_model(model, tokenizer, dtype)
     prompt_ids = encode_prompt(target.tokenizer, prompt, params.raw)
     params.check_vocab(len(target.tokenizer))
+    grammar = grammar_for(params.structured_output, target)
     context = target.context_length
     require(
         len(prompt_ids) < context,
@@ -83,6 +85,7 @@ def generate(
         context_length=context,
         on_tokens=stream,
         logprobs_sink=logprobs,
+        grammar=grammar,
         **params.state_options(),
     )
     text = target.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 
 from .argtypes import integer as _int
@@ -36,6 +37,11 @@ def add_generate(sub) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages tokens already seen (HF's)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2], per occurrence (OpenAI's)")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2], once per token seen (OpenAI's)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", help="the answer follows this JSON schema (a file, or the schema's text)")
+    shape.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    shape.add_argument("--regex", help="the answer matches this regular expression (Rust syntax: \\d is Unicode's)")
+    shape.add_argument("--choice", action="append", help="the answer is one of these strings (repeat the option)")
     p.add_argument(
         "--dtype",
         default="float32",
@@ -125,6 +131,7 @@ def _generate(args, target, prompt, press, stream):
         repetition_penalty=args.repetition_penalty,
         frequency_penalty=args.frequency_penalty,
         presence_penalty=args.presence_penalty,
+        structured_output=_structured(args),
         raw=args.raw,
         dtype=args.dtype,
         draft_dtype=args.draft_dtype,
@@ -136,6 +143,19 @@ def _generate(args, target, prompt, press, stream):
         drafter_options={"head": args.head} if args.head else None,
         stream=stream,
     )
+
+
+def _structured(args) -> dict | None:
+    """--json-schema / --json-object / --regex / --choice as RequestParams.structured_output."""
+    if args.json_schema is not None:
+        path = pathlib.Path(args.json_schema)
+        is_file = len(args.json_schema) < 4096 and not args.json_schema.lstrip().startswith("{") and path.is_file()
+        return {"json": path.read_text() if is_file else args.json_schema}
+    if args.json_object:
+        return {"json_object": True}
+    if args.regex is not None:
+        return {"regex": args.regex}
+    return {"choice": args.choice} if args.choice else None
 
 
 def _tensor(ids):

@@ -15,6 +15,7 @@ from .controller import DraftLengthController
 from .errors import require
 from .penalties import Penalties
 from .sampling import SamplingConfig
+from .structured import StructuredOutput
 
 # stop reason of a sequence (stats.GenerationStats.stop_reason) -> OpenAI/vLLM finish reason
 FINISH_REASONS = {
@@ -53,7 +54,9 @@ class RequestParams:
     only; None: none) under the target model's raw distribution (log_softmax of its logits, before temperature and
     any filter or mask, as vLLM's default `raw_logprobs`). `repetition_penalty`, `frequency_penalty`,
     `presence_penalty` and `logit_bias` ({token id: bias}) as vLLM applies them (penalties.Penalties); like the
-    sampling settings they change the distribution plain and speculative decoding both draw from."""
+    sampling settings they change the distribution plain and speculative decoding both draw from.
+    `structured_output`: a grammar every output follows (structured.StructuredOutput, or vLLM's dict: {"json":
+    schema}, {"json_object": True}, {"regex": ...}, {"choice": [...]}, {"grammar": ...})."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -71,6 +74,7 @@ class RequestParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    structured_output: StructuredOutput | dict | None = None
     sampling: SamplingConfig = field(init=False, repr=False, compare=False)
     penalties: Penalties = field(init=False, repr=False, compare=False)
 
@@ -126,6 +130,7 @@ class RequestParams:
             logit_bias=tuple(dict(bias or {}).items()),
         )
         object.__setattr__(self, "penalties", penalties)
+        object.__setattr__(self, "structured_output", StructuredOutput.of(self.structured_output))
 
     def check_vocab(self, vocab: int) -> None:
         """Fail in one line where the request names a token the tokenizer does not have (logit_bias)."""

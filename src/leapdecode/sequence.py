@@ -22,6 +22,7 @@ from .drafters.calibration import cumulative
 from .penalties import NO_PENALTIES, Penalties, prompt_mask
 from .sampling import SamplingConfig, generator_at, probabilities
 from .stats import GenerationStats
+from .structured import Grammar
 from .verify import greedy_accept, greedy_accept_ids, speculative_accept
 
 
@@ -53,13 +54,15 @@ class SequenceState:
         ignore_eos: bool = False,
         logprobs: int | None = None,
         penalties: Penalties = NO_PENALTIES,
+        grammar: Grammar | None = None,
     ):
         """`eos_ids`: the model's end of sequence; `stop_token_ids` end the output too (kept in it, as EOS is);
         `ignore_eos`: EOS ends nothing; `min_tokens`: no stop token (EOS unless ignored, stop_token_ids) can be
         produced at output positions before it (masked out of the distribution there, greedy or sampled);
         `logprobs`: keep a TokenLogprobs with that many top alternatives for every output token (None: none);
         `penalties`: repetition/frequency/presence penalties and a logit bias, applied to every row by what precedes
-        it (penalties.Penalties)."""
+        it (penalties.Penalties); `grammar`: every row is masked to the tokens that keep the output and the drafts
+        before it inside the grammar (structured.Grammar)."""
         if not sampling.greedy:  # one seed for the whole request, drawn now if none was given
             sampling = dataclasses.replace(sampling, seed=sampling.request_seed())
         self.prompt_ids = list(prompt_ids)
@@ -69,6 +72,7 @@ class SequenceState:
         self.min_tokens = min_tokens
         self.penalties = penalties
         self._in_prompt: torch.Tensor | None = None  # penalties.prompt_mask, built at the first step that needs it
+        self.grammar = None if grammar is None else grammar.start()
         self.context = list(prompt_ids)
         self.out: list[int] = []
         self.num_logprobs = logprobs
@@ -89,7 +93,8 @@ class SequenceState:
         """Whether the next forward's logits are read only through their argmax (greedy, nothing masked), so the
         output head may be argmax-only."""
         masked = self.stop_ids and len(self.out) < self.min_tokens
-        return self.sampling.greedy and not masked and self.num_logprobs is None and not self.penalties.active
+        plain = self.num_logprobs is None and not self.penalties.active and self.grammar is None
+        return self.sampling.greedy and not masked and plain
 
     @property
     def room(self) -> int:
@@ -111,7 +116,10 @@ class SequenceState:
         logits' argmax per row, where the caller took it for many sequences at once (greedy only)."""
         draft = self.draft
         raw = logits
-        logits = _suppress(self._penalised(logits), self.stop_ids, self.min_tokens - len(self.out))
+        logits = self._penalised(logits)
+        if self.grammar is not None:
+            logits = self.grammar.mask(logits, draft.tokens)
+        logits = _suppress(logits, self.stop_ids, self.min_tokens - len(self.out))
         if argmax is not None and self.sampling.greedy and logits is raw:  # nothing changed: that argmax holds
             new = greedy_accept_ids(draft.tokens, argmax)
         else:
@@ -119,6 +127,8 @@ class SequenceState:
         accepted = len(new) - 1
         self.controller.update(len(draft.tokens), accepted, forward_tokens, forward_seconds, self.draft_seconds)
         new = _truncate(new, self.stop_ids, self.max_new_tokens - len(self.out))
+        if self.grammar is not None:
+            self.grammar.advance(new)
         if self.num_logprobs is not None:
             self.logprobs += token_logprobs(raw[: len(new)], new, self.num_logprobs)
         self.out += new
@@ -181,6 +191,8 @@ class SequenceState:
         return cumulative(self.draft.estimates or ())
 
     def _take(self, draft: Draft, k: int, seconds: float) -> list[int]:
+        if self.grammar is not None:  # rows past a token the grammar refuses could only be rejected
+            k = min(k, self.grammar.valid_prefix(draft.tokens[:k]))
         self.draft = draft.cut(k)
         self.ahead = self.draft.estimates is not None  # the planner may cut it (draft_ahead, propose_alone)
         self.draft_seconds = seconds

@@ -25,6 +25,7 @@ from ..models.resolve import resolve_model
 from ..params import REQUEST_OPTIONS, DraftConfig, RequestParams
 from ..prompt import encode_prompt
 from ..stats import GenerationResult
+from ..structured import grammar_for
 from .executor import Accepted, Executor
 from .output import cancelled_output, failed_output, request_output
 from .request import Request, RequestOutput
@@ -163,13 +164,14 @@ class Engine:
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, params.raw)
             params.check_vocab(len(self.tokenizer))
+            grammar = grammar_for(params.structured_output, self.target)
         require(
             len(prompt_ids) < self.context_length,
             f"the prompt has {len(prompt_ids)} tokens but {self.name} has a context of {self.context_length}",
         )
         text = TextStream(self.tokenizer, params.stop, self._tokenizer_lock)
         with self._lock:
-            request = Request(next(self._ids), prompt_ids, params, text, on_output)
+            request = Request(next(self._ids), prompt_ids, params, text, on_output, grammar)
             self._requests[request.id] = request
         with self.scheduler.lock:
             self.scheduler.incoming.append(request)

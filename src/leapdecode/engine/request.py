@@ -37,8 +37,11 @@ class Request:
     it runs. `reading`: the tokens to read before it decodes: its prompt, or after a preemption (which gave its KV
     back) its whole context so far, recomputed."""
 
-    def __init__(self, rid: int, prompt_ids: list[int], params: RequestParams, text: TextStream, on_output):
+    def __init__(
+        self, rid: int, prompt_ids: list[int], params: RequestParams, text: TextStream, on_output, grammar=None
+    ):
         self.id, self.prompt_ids, self.params, self.text, self.on_output = rid, prompt_ids, params, text, on_output
+        self.grammar = grammar  # structured.Grammar of params.structured_output, compiled once at add_request
         self.arrival = time.perf_counter()
         self.seq: SequenceState | None = None
         self.kv: SequenceKV | None = None

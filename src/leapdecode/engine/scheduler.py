@@ -208,6 +208,7 @@ class Scheduler:
             controller=controller,
             sampling=request.params.sampling,
             max_new_tokens=request.params.max_new_tokens,
+            grammar=request.grammar,
             **request.params.state_options(),
             **self.sequence_options,
         )

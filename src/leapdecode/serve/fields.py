@@ -35,21 +35,12 @@ COMMON_REFUSED = {
     "spaces_between_special_tokens": (_neutral(True), ""),
     "return_tokens_as_token_ids": (_falsy, ""),
     "return_token_ids": (_falsy, ""),
-    "guided_json": (_falsy, "structured output is not supported"),
-    "guided_regex": (_falsy, "structured output is not supported"),
-    "guided_choice": (_falsy, "structured output is not supported"),
-    "guided_grammar": (_falsy, "structured output is not supported"),
-    "guided_decoding_backend": (_falsy, "structured output is not supported"),
-    "guided_whitespace_pattern": (_falsy, "structured output is not supported"),
-    "structured_outputs": (_falsy, "structured output is not supported"),
-    "structural_tag": (_falsy, "structured output is not supported"),
+    "guided_decoding_backend": (_falsy, "structured output always runs on llguidance"),
+    "guided_whitespace_pattern": (_falsy, ""),
+    "structural_tag": (_falsy, ""),
     "priority": (_neutral(0), "requests are served first come, first served"),
     "kv_transfer_params": (_falsy, ""),
     "vllm_xargs": (_falsy, ""),
-    "response_format": (
-        lambda v: v is None or (isinstance(v, dict) and v.get("type", "text") == "text"),
-        'only {"type": "text"} is supported',
-    ),
 }
 
 COMPLETIONS_REFUSED = {

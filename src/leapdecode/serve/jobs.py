@@ -28,6 +28,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     if bad is not None:
         raise APIError(400, f"stop_token_ids: {bad} is outside the vocabulary of {vocab}", param="stop_token_ids")
     logit_bias = _logit_bias(body.logit_bias, vocab)
+    structured = body.structured()
     all_ids = await state.tokenizers.run(encode_all, prompts, chat, param)
     echoes = [""] * len(all_ids)
     if not chat and body.echo:
@@ -77,6 +78,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         frequency_penalty=float(body.frequency_penalty or 0.0),
                         presence_penalty=float(body.presence_penalty or 0.0),
                         logit_bias=logit_bias,
+                        structured_output=structured,
                     ),
                 )
             )

@@ -74,6 +74,12 @@ class _Common(BaseModel):
     presence_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: Optional[Number] = Field(default=None, gt=0.0)
     logit_bias: Optional[dict[str, Number]] = None  # token id (as a string, as JSON keys are) -> bias in [-100, 100]
+    response_format: Optional[dict[str, Any]] = None  # OpenAI's: text, json_object, json_schema
+    structured_outputs: Optional[dict[str, Any]] = None  # vLLM's: json, json_object, regex, choice, grammar
+    guided_json: Optional[Union[dict[str, Any], str]] = None  # vLLM's older names for the same
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
     request_id: Optional[str] = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -85,6 +91,34 @@ class _Common(BaseModel):
     def sequences(self) -> int:
         """Engine requests this call becomes: prompts x n."""
         return self.n
+
+    def structured(self) -> dict | None:
+        """The grammar the answer must follow, as RequestParams.structured_output takes it, or None; APIError(400)
+        where the body asks for two or for a response_format this server does not know."""
+        asked = {}
+        fmt = self.response_format or {"type": "text"}
+        kind = fmt.get("type")
+        if kind == "json_object":
+            asked["response_format"] = {"json_object": True}
+        elif kind == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise APIError(400, "response_format.json_schema.schema must be a JSON schema", "response_format")
+            asked["response_format"] = {"json": schema}
+        elif kind != "text":
+            raise APIError(
+                400, f"response_format: type must be text, json_object or json_schema, got {kind!r}", "response_format"
+            )
+        if self.structured_outputs:
+            asked["structured_outputs"] = self.structured_outputs
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice")):
+            if getattr(self, name) is not None:
+                asked[name] = {key: getattr(self, name)}
+        if self.guided_grammar is not None:
+            asked["guided_grammar"] = {"grammar": self.guided_grammar}
+        if len(asked) > 1:
+            raise APIError(400, f"ask for one structured output, not {' and '.join(asked)}", next(iter(asked)))
+        return next(iter(asked.values()), None)
 
     def num_logprobs(self) -> int | None:
         return None
