@@ -144,7 +144,8 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "ma
 COMPLETION = {"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0}
 REFUSED = [
     ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    # tool_choice auto (the default with tools) on a template that does not show the model its tools
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),

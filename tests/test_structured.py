@@ -198,7 +198,7 @@ def test_engine_batches_under_grammars_equal_hf_greedy_alone(target, specs, draf
         ({"colour": "red"}, "unknown kind"),
         ({"choice": []}, "choice"),
         ({"json": 3}, "json"),
-        ("json", "exactly one"),
+        ("json", "structured_output"),
     ],
 )
 def test_bad_specs_fail_in_one_line(value, match):

@@ -11,9 +11,11 @@ from .errors import require
 Messages = Sequence[dict]
 
 
-def encode_prompt(tokenizer, prompt: str | Messages | Sequence[int], raw: bool = False) -> list[int]:
+def encode_prompt(
+    tokenizer, prompt: str | Messages | Sequence[int], raw: bool = False, tools: list[dict] | None = None
+) -> list[int]:
     """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is.
-    A list of token ids is taken as it is."""
+    A list of token ids is taken as it is. `tools`: function definitions the chat template shows the model."""
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer)
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
@@ -29,5 +31,6 @@ def encode_prompt(tokenizer, prompt: str | Messages | Sequence[int], raw: bool =
         getattr(tokenizer, "chat_template", None) is not None,
         "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead",
     )
-    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False, **extra)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

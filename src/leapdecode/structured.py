@@ -24,17 +24,30 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar")  # vLLM's Structur
 
 @dataclass(frozen=True)
 class StructuredOutput:
-    """What the output must follow: `kind` one of KINDS, `spec` its text (a JSON schema or choice list as JSON)."""
+    """What the output must follow: `kind` one of KINDS, `spec` its text (a JSON schema or choice list as JSON);
+    `compact`: JSON without free whitespace between its tokens (vLLM's `disable_any_whitespace`; the default lets
+    the model lay JSON out as it likes, which a weak model may fill with newlines until max_tokens)."""
 
     kind: str
     spec: str
+    compact: bool = False
 
     @classmethod
     def of(cls, value) -> StructuredOutput | None:
         """From None, a StructuredOutput, or vLLM's dict with one field: {"json": schema (dict or JSON text)},
-        {"json_object": True}, {"regex": str}, {"choice": [str, ...]}, {"grammar": Lark or GBNF text}."""
+        {"json_object": True}, {"regex": str}, {"choice": [str, ...]}, {"grammar": Lark or GBNF text}; with
+        "disable_any_whitespace": True for compact JSON."""
         if value is None or isinstance(value, StructuredOutput):
             return value
+        require(isinstance(value, dict), f"structured_output must be a dict naming one of {', '.join(KINDS)}")
+        value = dict(value)
+        compact = value.pop("disable_any_whitespace", False)
+        require(isinstance(compact, bool), "structured_output: disable_any_whitespace must be true or false")
+        found = cls._of(value)
+        return found if not compact else cls(found.kind, found.spec, True)
+
+    @classmethod
+    def _of(cls, value: dict) -> StructuredOutput:
         require(
             isinstance(value, dict) and len([k for k, v in value.items() if v not in (None, False)]) == 1,
             f"structured_output must name exactly one of {', '.join(KINDS)}, got {value!r}"[:300],
@@ -73,7 +86,11 @@ class Grammar:
         self.vocab, self.eos_ids = vocab, frozenset(eos_ids)
         self.tokenizer = _ll_tokenizer(tokenizer, vocab, sorted(eos_ids))
         try:
-            self.text = llguidance.grammar_from(structured.kind, structured.spec)
+            if structured.kind == "json":  # JSON text in, so a bad schema text fails here in one line
+                flexible = {"whitespace_flexible": not structured.compact}
+                self.text = llguidance.LLMatcher.grammar_from_json_schema(structured.spec, overrides=flexible)
+            else:
+                self.text = llguidance.grammar_from(structured.kind, structured.spec)
         except Exception as error:  # bad JSON text, an unknown format
             raise LeapDecodeError(f"structured_output: {_first_line(error)}") from None
         ok, message = _validate(self.text, self.tokenizer)

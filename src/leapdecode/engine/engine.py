@@ -25,7 +25,7 @@ from ..models.resolve import resolve_model
 from ..params import REQUEST_OPTIONS, DraftConfig, RequestParams
 from ..prompt import encode_prompt
 from ..stats import GenerationResult
-from ..structured import grammar_for
+from ..structured import Grammar, grammar_for
 from .executor import Accepted, Executor
 from .output import cancelled_output, failed_output, request_output
 from .request import Request, RequestOutput
@@ -155,16 +155,19 @@ class Engine:
         params: RequestParams | None = None,
         *,
         on_output: Callable[[RequestOutput], None] | None = None,
+        grammar: Grammar | None = None,
         **options,
     ) -> int:
         """Queue a request (a string, chat messages or token ids, as `generate` takes) with its RequestParams (or
         their fields by keyword); return its id. Bad input raises LeapDecodeError at once and leaves the engine as it
-        was."""
+        was. `grammar`: params.structured_output already compiled for this model (structured.grammar_for; the
+        server compiles it off its event loop), else it is compiled here."""
         params = RequestParams.of(params, **options)
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, params.raw)
             params.check_vocab(len(self.tokenizer))
-            grammar = grammar_for(params.structured_output, self.target)
+            if grammar is None:
+                grammar = grammar_for(params.structured_output, self.target)
         require(
             len(prompt_ids) < self.context_length,
             f"the prompt has {len(prompt_ids)} tokens but {self.name} has a context of {self.context_length}",

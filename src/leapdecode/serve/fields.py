@@ -50,8 +50,6 @@ COMPLETIONS_REFUSED = {
 }
 
 CHAT_REFUSED = {
-    "tools": (_falsy, "tool calling is not supported"),
-    "tool_choice": (_neutral("none"), "tool calling is not supported"),
     "functions": (_falsy, "function calling is not supported"),
     "function_call": (_neutral("none"), "function calling is not supported"),
     "audio": (_falsy, "audio output is not supported"),
@@ -68,13 +66,10 @@ CHAT_REFUSED = {
     "chat_template": (_falsy, "the model's own chat template is used"),
     "chat_template_kwargs": (_falsy, "the model's own chat template is used"),
     "mm_processor_kwargs": (_falsy, ""),
-    "parallel_tool_calls": (lambda v: True, ""),  # meaningless without tools, which are refused
 }
 
-MESSAGE_FIELDS = {"role", "content", "name"}
+MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 MESSAGE_REFUSED = {
-    "tool_calls": (_falsy, "tool calling is not supported"),
-    "tool_call_id": (_falsy, "tool calling is not supported"),
     "function_call": (_falsy, "function calling is not supported"),
     "audio": (_falsy, "audio is not supported"),
     "refusal": (lambda v: True, ""),  # an assistant message sent back as this server answered it

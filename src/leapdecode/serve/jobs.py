@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 
 from ..errors import LeapDecodeError
+from ..structured import Grammar, StructuredOutput
 from .protocol import APIError
 from .tokenizing import decode, encode_all
+from .tools import ToolChoice, knows_tools, template_message
 
 
 async def build_jobs(state, body, chat: bool) -> list[dict]:
     """One engine request per (prompt, choice): its token ids and parameters. APIError(400) on what cannot run."""
     context = state.engine.context_length
-    prompts = [body.chat()] if chat else body.prompts()
+    tools = ToolChoice(body.tools, body.tool_choice, body.parallel_tool_calls) if chat else None
+    prompts = [_chat(state, body, tools)] if chat else body.prompts()
     param = "messages" if chat else "prompt"
     if not prompts:
         raise APIError(400, f"{param}: must not be empty", param=param)
@@ -28,8 +31,17 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     if bad is not None:
         raise APIError(400, f"stop_token_ids: {bad} is outside the vocabulary of {vocab}", param="stop_token_ids")
     logit_bias = _logit_bias(body.logit_bias, vocab)
-    structured = body.structured()
-    all_ids = await state.tokenizers.run(encode_all, prompts, chat, param)
+    asked = body.structured()
+    if tools is not None and tools.structured():
+        if asked:
+            raise APIError(400, f"tool_choice {tools.mode!r} already shapes the answer; drop {asked[0]}", asked[0])
+        asked = ("tool_choice", tools.structured())
+    structured, grammar = None, None
+    if asked:
+        structured = _structured(*asked)
+        grammar = await state.tokenizers.run(_compile, state.engine, structured, asked[0])
+    template_tools = tools.template_tools() if tools is not None else None
+    all_ids = await state.tokenizers.run(encode_all, prompts, chat, param, template_tools)
     echoes = [""] * len(all_ids)
     if not chat and body.echo:
         echoes = await state.tokenizers.run(lambda tok: [decode(tok, ids) for ids in all_ids])
@@ -62,6 +74,8 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                 dict(
                     prompt_ids=ids,
                     echo=echo,
+                    tools=tools if tools is not None and tools.active else None,
+                    grammar=grammar,
                     params=dict(
                         max_new_tokens=max_tokens,
                         temperature=temperature,
@@ -85,6 +99,35 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     return jobs
 
 
+def _chat(state, body, tools: ToolChoice) -> list[dict]:
+    """The call's messages for the chat template; "auto" tool calls need a template that shows the model its tools."""
+    template = getattr(state.engine.tokenizer, "chat_template", None) or ""
+    if tools.mode == "auto" and not knows_tools(state.engine.tokenizer):
+        raise APIError(
+            400,
+            f"tool_choice 'auto' needs a chat template that shows the model its tools; {state.model_name}'s does not: "
+            "use tool_choice 'required' or name a function (the answer then follows the tools' schemas)",
+            "tool_choice",
+        )
+    renders_calls = "tool_calls" in (template if isinstance(template, str) else str(template))
+    return [template_message(m, i, renders_calls) for i, m in enumerate(body.chat())]
+
+
+def _structured(field: str, spec: dict) -> StructuredOutput:
+    try:
+        return StructuredOutput.of(spec)
+    except LeapDecodeError as e:
+        raise APIError(400, f"{field}: {e}", field) from None
+
+
+def _compile(tokenizer, engine, structured: StructuredOutput, field: str) -> Grammar:
+    """The grammar compiled on a tokenizer worker (the first one builds llguidance's view of the tokenizer)."""
+    try:
+        return Grammar(structured, tokenizer, engine.model.config.vocab_size, engine.target.eos_token_ids)
+    except LeapDecodeError as e:
+        raise APIError(400, f"{field}: {e}", field) from None
+
+
 def _logit_bias(bias: dict[str, float] | None, vocab: int) -> dict[int, float] | None:
     """OpenAI's logit_bias (token ids as JSON's string keys) as {token id: bias}; APIError(400) where it is not."""
     if not bias:
@@ -106,7 +149,9 @@ def submit(state, jobs: list[dict]) -> tuple[asyncio.Queue, dict[int, int]]:
     index: dict[int, int] = {}
     try:
         for i, job in enumerate(jobs):
-            rid, _ = state.thread.submit(job["prompt_ids"], queue=queue, raw=True, **job["params"])
+            rid, _ = state.thread.submit(
+                job["prompt_ids"], queue=queue, raw=True, grammar=job["grammar"], **job["params"]
+            )
             index[rid] = i
     except LeapDecodeError as e:
         for rid in index:

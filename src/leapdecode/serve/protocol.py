@@ -92,8 +92,8 @@ class _Common(BaseModel):
         """Engine requests this call becomes: prompts x n."""
         return self.n
 
-    def structured(self) -> dict | None:
-        """The grammar the answer must follow, as RequestParams.structured_output takes it, or None; APIError(400)
+    def structured(self) -> tuple[str, dict] | None:
+        """(the field that asked, the grammar as RequestParams.structured_output takes it), or None; APIError(400)
         where the body asks for two or for a response_format this server does not know."""
         asked = {}
         fmt = self.response_format or {"type": "text"}
@@ -118,7 +118,7 @@ class _Common(BaseModel):
             asked["guided_grammar"] = {"grammar": self.guided_grammar}
         if len(asked) > 1:
             raise APIError(400, f"ask for one structured output, not {' and '.join(asked)}", next(iter(asked)))
-        return next(iter(asked.values()), None)
+        return next(iter(asked.items()), None)
 
     def num_logprobs(self) -> int | None:
         return None
@@ -153,9 +153,11 @@ class CompletionRequest(_Common):
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[dict], None] = None
     name: Optional[str] = None  # passed to the chat template, as vLLM does
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's calls, sent back in the history
+    tool_call_id: Optional[str] = None  # a tool message answers this call
 
     def text(self, index: int) -> str:
         if isinstance(self.content, str):
@@ -177,6 +179,9 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: Optional[StrictInt] = Field(default=None, ge=1)
     logprobs: Optional[StrictBool] = False
     top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[StrictBool] = None
 
     def unsupported(self):
         if self.top_logprobs is not None and not self.logprobs:
@@ -188,11 +193,13 @@ class ChatCompletionRequest(_Common):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat(self) -> list[dict]:
+        """The messages as the chat template takes them (serve/tools.py puts an assistant's tool_calls in its form)."""
         out = []
         for i, m in enumerate(self.messages):
             message = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
-            if m.name is not None:
-                message["name"] = m.name
+            for key in ("name", "tool_calls", "tool_call_id"):
+                if getattr(m, key) is not None:
+                    message[key] = getattr(m, key)
             out.append(message)
         return out
 

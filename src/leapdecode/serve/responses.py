@@ -65,6 +65,8 @@ class Run:
         self.logprobs: list[list] = [[] for _ in jobs]  # each choice's TokenLogprobs so far
         self.offsets = [0] * len(jobs)  # completions' text_offset: characters of the choice's tokens so far
         self.failure: APIError | None = None
+        self.tools = jobs[0].get("tools") if jobs else None  # serve/tools.ToolChoice: answers read for tool calls
+        self.texts = [[] for _ in jobs]  # each choice's text so far, where tool calls hold it back
         limits = state.admission.limits
         self.queue_deadline = arrival + limits.queue_timeout if limits.queue_timeout else None
         self.deadline = arrival + limits.request_timeout if limits.request_timeout else None
@@ -233,14 +235,11 @@ class Run:
             text = "".join(parts)
             logprobs = await self._logprobs(i, self.logprobs[i])
             if self.chat:
-                choices.append(
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": text, "refusal": None},
-                        "logprobs": logprobs,
-                        "finish_reason": reasons[i],
-                    }
-                )
+                content, calls, reason = self._calls(text, reasons[i])
+                message = {"role": "assistant", "content": content, "refusal": None}
+                if calls:
+                    message["tool_calls"] = calls
+                choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reasons[i]})
         return {
@@ -249,6 +248,14 @@ class Run:
             "usage": self._usage(),
             "leapdecode": self._spec(range(len(self.jobs))),
         }
+
+    def _calls(self, text: str, reason: str | None) -> tuple[str | None, list[dict], str | None]:
+        """(content, tool_calls, finish_reason) of a finished chat answer: calls only where tools were asked for and
+        the answer ended by itself (an answer cut by max_tokens stays text)."""
+        if self.tools is None or reason != "stop":
+            return text, [], reason
+        content, calls = self.tools.parse(text)
+        return content, calls, "tool_calls" if calls and self.tools.mode != "named" else reason
 
     def _chunk(
         self, i: int, text: str | None, reason: str | None, role: bool = False, logprobs: dict | None = None
@@ -279,13 +286,21 @@ class Run:
         async for i, out in self._all():
             # a step's tokens carry their logprobs even when their text is held back (a possible stop string)
             logprobs = await self._logprobs(i, out.logprobs) if out.logprobs else None
+            if self.tools is not None:  # the text is read for calls once it is whole: held back until then
+                self.texts[i].append(out.text)
             if out.finished:
                 reason = _reason(out.finish_reason)
-                chunk = self._chunk(i, out.text or (None if self.chat else ""), reason, logprobs=logprobs)
+                if self.tools is not None:
+                    text, calls, reason = self._calls("".join(self.texts[i]), reason)
+                    chunk = self._chunk(i, text, reason, logprobs=logprobs)
+                    if calls:
+                        chunk["choices"][0]["delta"]["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+                else:
+                    chunk = self._chunk(i, out.text or (None if self.chat else ""), reason, logprobs=logprobs)
                 chunk["leapdecode"] = {"index": i, **self._spec([i])}
                 yield sse(chunk)
-            elif out.text or logprobs:
-                yield sse(self._chunk(i, out.text, None, logprobs=logprobs))
+            elif (out.text and self.tools is None) or logprobs:
+                yield sse(self._chunk(i, out.text if self.tools is None else None, None, logprobs=logprobs))
         if self.failure:
             yield sse(self.failure.body())
         elif self.include_usage:
