@@ -56,17 +56,21 @@ def solo(target, prompt, max_new_tokens):
 
 
 def run(eng, arrivals, cancels=(), on_step=None):
-    """Drive the engine step by step: request i arrives at step arrivals[i][0]; cancels: {request index: step};
+    """Drive the engine step by step: request i arrives at step arrivals[i][0] (an arrival is (step, prompt,
+    max_new_tokens) or (step, prompt, max_new_tokens, request options)); cancels: {request index: step};
     `on_step(eng)` after each step (what a test watches between steps)."""
     outputs: dict[int, list] = {}
     ids: dict[int, int] = {}
     cancels = dict(cancels)
     step = 0
     while step <= max([a[0] for a in arrivals] + list(cancels.values()), default=0) or eng.has_work:
-        for i, (at, prompt, max_new) in enumerate(arrivals):
+        for i, (at, prompt, max_new, *options) in enumerate(arrivals):
             if at == step:
                 ids[i] = eng.add_request(
-                    prompt, max_new_tokens=max_new, on_output=lambda o, i=i: outputs.setdefault(i, []).append(o)
+                    prompt,
+                    max_new_tokens=max_new,
+                    on_output=lambda o, i=i: outputs.setdefault(i, []).append(o),
+                    **(options[0] if options else {}),
                 )
         for i, at in cancels.items():
             if at == step and i in ids:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_reference import hf_greedy_with
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import run
 from tiny_hf import make_tiny_hf_dir
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor
 
 from leapdecode import generate, kernels
 from leapdecode.drafters.oracle import OracleDrafter
@@ -43,23 +45,15 @@ class OutputPenalties(LogitsProcessor):
 
 
 def hf_greedy(target, prompt_ids, n, repetition=1.0, frequency=0.0, presence=0.0, bias=None) -> list[int]:
-    ids = torch.tensor([prompt_ids])
-    processors = LogitsProcessorList()
-    if frequency or presence:
-        processors.append(OutputPenalties(len(prompt_ids), frequency, presence))
-    with torch.no_grad():
-        out = target.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            do_sample=False,
-            pad_token_id=0,
-            repetition_penalty=repetition if repetition != 1 else None,
-            sequence_bias={(t,): b for t, b in (bias or {}).items()} or None,
-            logits_processor=processors,
-        )
-    tokens = out[0, len(prompt_ids) :].tolist()
-    return tokens[: tokens.index(1) + 1] if 1 in tokens else tokens
+    processors = [OutputPenalties(len(prompt_ids), frequency, presence)] if frequency or presence else []
+    return hf_greedy_with(
+        target,
+        prompt_ids,
+        n,
+        processors,
+        repetition_penalty=repetition if repetition != 1 else None,
+        sequence_bias={(t,): b for t, b in (bias or {}).items()} or None,
+    )
 
 
 def naive_row(logits_row, prompt, history, p: Penalties):
@@ -184,22 +178,10 @@ def _engine_requests(target, specs, seed):
 def test_engine_batches_with_penalties_equal_hf_greedy_alone(target, specs, drafter, max_batch_tokens, seed):
     engine = Engine(target, drafter=drafter, max_batch_tokens=max_batch_tokens, max_sequences=3)
     requests = _engine_requests(target, specs, seed)
-    outputs: dict[int, list[int]] = {}
-    step = 0
-    while step <= max(r[0] for r in requests) or engine.has_work:
-        for i, (at, prompt, max_new, case) in enumerate(requests):
-            if at == step:
-                engine.add_request(
-                    prompt,
-                    max_new_tokens=max_new,
-                    on_output=lambda o, i=i: outputs.setdefault(i, []).extend(o.new_token_ids),
-                    **_options(case),
-                )
-        engine.step()
-        step += 1
-        assert step < 2000
+    outputs = run(engine, [(at, prompt, n, _options(case)) for at, prompt, n, case in requests])
     for i, (_, prompt, max_new, case) in enumerate(requests):
-        assert outputs[i] == hf_greedy(target, prompt, max_new, **case), (i, case)
+        got = [t for o in outputs[i] for t in o.new_token_ids]
+        assert got == hf_greedy(target, prompt, max_new, **case), (i, case)
 
 
 def test_bad_values_fail_in_one_line(target):

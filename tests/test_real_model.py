@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from hf_reference import hf_greedy_with
 
 import leapdecode
 from leapdecode.models import load_model
@@ -40,18 +41,8 @@ def bf16_twin(smollm):
 
 
 def hf_greedy(loaded, prompt_ids, max_new_tokens, **options):
-    ids = torch.tensor([prompt_ids])
-    with torch.inference_mode():
-        out = loaded.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=list(loaded.eos_token_ids),
-            pad_token_id=loaded.tokenizer.pad_token_id,
-            **options,
-        )
-    return out[0, len(prompt_ids) :].tolist()
+    """HF `generate` greedy of the request alone (its own processors for `options`)."""
+    return hf_greedy_with(loaded, prompt_ids, max_new_tokens, **options)
 
 
 def divergence_report(loaded, prompt_ids, expected, got) -> str:
@@ -117,7 +108,7 @@ def test_structured_output_reproduces_hf_greedy_under_the_grammar(smollm, drafte
     processor of its own), and it parses."""
     import json
 
-    from grammar_reference import hf_greedy as hf_greedy_under
+    from hf_reference import hf_greedy as hf_greedy_under
 
     schema = {
         "type": "object",

@@ -10,9 +10,10 @@ import re
 
 import pytest
 import torch
-from grammar_reference import hf_greedy
+from hf_reference import hf_greedy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import run
 from tiny_hf import make_tiny_bpe_dir
 
 from leapdecode import generate, kernels
@@ -173,22 +174,10 @@ def test_engine_batches_under_grammars_equal_hf_greedy_alone(target, specs, draf
         for at, length, n, g in specs
     ]
     engine = Engine(target, drafter=drafter, max_batch_tokens=max_batch_tokens, max_sequences=3)
-    outputs: dict[int, list[int]] = {}
-    step = 0
-    while step <= max(r[0] for r in requests) or engine.has_work:
-        for i, (at, prompt, n, structured) in enumerate(requests):
-            if at == step:
-                engine.add_request(
-                    prompt,
-                    max_new_tokens=n,
-                    structured_output=structured,
-                    on_output=lambda o, i=i: outputs.setdefault(i, []).extend(o.new_token_ids),
-                )
-        engine.step()
-        step += 1
-        assert step < 2000
+    outputs = run(engine, [(at, prompt, n, {"structured_output": g}) for at, prompt, n, g in requests])
     for i, (_, prompt, n, structured) in enumerate(requests):
-        assert outputs[i] == hf_greedy(target, prompt, n, structured), (i, structured)
+        got = [t for o in outputs[i] for t in o.new_token_ids]
+        assert got == hf_greedy(target, prompt, n, structured), (i, structured)
 
 
 @pytest.mark.parametrize(

@@ -21,11 +21,16 @@ def make_tiny_hf_dir(path: Path, words=WORDS, context: int = 64, seed: int = 0) 
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    return _save(path, tokenizer, context, seed, eos=1)
+
+
+def _save(path: Path, tokenizer, context: int, seed: int, eos: int) -> Path:
+    """A random tiny Llama over the tokenizer's vocabulary, with the chat template, saved beside it."""
     tokenizer.chat_template = CHAT_TEMPLATE
-    model = tiny_model("llama", seed=seed, vocab=len(words))
+    model = tiny_model("llama", seed=seed, vocab=len(tokenizer))
     model.config.max_position_embeddings = context
-    model.config.eos_token_id = 1
-    model.generation_config.eos_token_id = 1
+    model.config.eos_token_id = eos
+    model.generation_config.eos_token_id = eos
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -50,12 +55,4 @@ def make_tiny_bpe_dir(path: Path, context: int = 256, seed: int = 0) -> Path:
         vocab_size=400, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     backend.train_from_iterator(BPE_TEXT * 4, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    model = tiny_model("llama", seed=seed, vocab=len(tokenizer))
-    model.config.max_position_embeddings = context
-    model.config.eos_token_id = 0
-    model.generation_config.eos_token_id = 0
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return _save(path, PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>"), context, seed, eos=0)

@@ -1,5 +1,6 @@
-"""A reference for structured output that shares no leapdecode code: HF `generate` with a logits processor that runs
-its own llguidance matcher over the tokens HF generated and masks what the grammar refuses."""
+"""References that share no leapdecode code: HF `generate` greedy with extra logits processors, and for structured
+output a processor that runs its own llguidance matcher over the tokens HF generated and masks what the grammar
+refuses."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from leapdecode.structured import StructuredOutput
 
 
-class Reference(LogitsProcessor):
+class GrammarMask(LogitsProcessor):
     """The grammar's mask for HF `generate`: its own llguidance matcher fed the tokens HF generated."""
 
     def __init__(self, target, structured: dict, prompt_length: int):
@@ -34,10 +35,9 @@ class Reference(LogitsProcessor):
         return scores
 
 
-def hf_greedy(target, prompt_ids: list[int], n: int, structured: dict | None) -> list[int]:
-    """HF greedy under the grammar (none: plain), cut after the first end of sequence."""
+def hf_greedy_with(target, prompt_ids: list[int], n: int, processors=(), **options) -> list[int]:
+    """HF greedy with `processors` (and generate's own `options`), cut after the first end of sequence."""
     ids = torch.tensor([prompt_ids])
-    processors = LogitsProcessorList([Reference(target, structured, len(prompt_ids))] if structured else [])
     with torch.no_grad():
         out = target.model.generate(
             ids,
@@ -46,8 +46,15 @@ def hf_greedy(target, prompt_ids: list[int], n: int, structured: dict | None) ->
             do_sample=False,
             pad_token_id=0,
             eos_token_id=sorted(target.eos_token_ids),
-            logits_processor=processors,
+            logits_processor=LogitsProcessorList(processors),
+            **options,
         )
     tokens = out[0, len(prompt_ids) :].tolist()
     end = next((i for i, t in enumerate(tokens) if t in target.eos_token_ids), len(tokens) - 1)
     return tokens[: end + 1]
+
+
+def hf_greedy(target, prompt_ids: list[int], n: int, structured: dict | None) -> list[int]:
+    """HF greedy under the grammar (none: plain)."""
+    processors = [GrammarMask(target, structured, len(prompt_ids))] if structured else []
+    return hf_greedy_with(target, prompt_ids, n, processors)
