@@ -125,6 +125,30 @@ def test_failed_requests_are_counted_not_fatal(url, tmp_path):
     assert row["completed"] == 0 and row["failed"] == 3 and "NotFoundError" in row["errors"][0]
 
 
+def test_json_object_asks_for_json(tmp_path):
+    """--json-object sends response_format: a server on a byte-level tokenizer answers JSON objects."""
+    from tiny_hf import make_tiny_bpe_dir
+
+    target = resolve_model(str(make_tiny_bpe_dir(tmp_path / "bpe", context=512)))
+    app = create_app(Engine(target, drafter="prompt-lookup"), served_model_name="tiny")
+    seen = []
+    real_submit = app.state.server.thread.submit
+
+    def submit(prompt, queue=None, **params):
+        seen.append(params.get("structured_output"))
+        return real_submit(prompt, queue=queue, **params)
+
+    app.state.server.thread.submit = submit
+    with BackgroundServer(app) as base:
+        argv = ["bench-serve", "--url", base, "--concurrency", "2", "--num-prompts", "3", "--max-tokens", "8"]
+        assert main(argv + ["--suite", "quick", "--json-object", "--out", str(tmp_path / "out")]) == 0
+    app.state.server.close()
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["settings"]["response_format"] == "json_object"
+    assert data["results"][0]["rows"][0]["completed"] == 3
+    assert seen and all(s is not None and s.kind == "json" for s in seen)
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

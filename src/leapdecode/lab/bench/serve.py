@@ -41,6 +41,11 @@ def register(sub) -> None:
     p.add_argument("--suite", default="dev", help="built-in suite name or a Spec-Bench JSONL path")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--endpoint", default="chat", choices=("chat", "completions"))
+    p.add_argument(
+        "--json-object",
+        action="store_true",
+        help='every answer a JSON object (response_format {"type": "json_object"}), as structured-output clients ask',
+    )
     p.add_argument("--api-key", default="none")
     p.add_argument(
         "--request-timeout",
@@ -113,6 +118,8 @@ async def _one(client, model: str, prompt: str, args) -> dict:
                 stream=True,
                 stream_options={"include_usage": True},
             )
+            if getattr(args, "json_object", False):
+                common["extra_body"] = {"response_format": {"type": "json_object"}}
             if args.endpoint == "chat":
                 stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
             else:
@@ -305,6 +312,7 @@ def _settings(args) -> dict:
         "suite": args.suite,
         "max_tokens": args.max_tokens,
         "endpoint": args.endpoint,
+        "response_format": "json_object" if getattr(args, "json_object", False) else "text",
         "rounds": getattr(args, "rounds", 1),
         "prompts": "as in the suite (repeats may hit prefix caches)"
         if getattr(args, "repeat_prompts", False)

@@ -33,6 +33,7 @@ def run(model_dir: str, args, say=print) -> dict:
         "threads": args.threads,
         "rounds": getattr(args, "rounds", 1),
         "distinct": not getattr(args, "repeat_prompts", False),
+        "json_object": getattr(args, "json_object", False),
     }
     command = [sys.executable, "-m", __name__]
     base = {
@@ -71,13 +72,16 @@ def measure(spec: dict) -> list[dict]:
     engine = Engine(spec["model"], **options)
     engine.warm_up()
     chat = lambda text: [{"role": "user", "content": text}]  # noqa: E731
-    engine.generate_many([chat(spec["prompts"][0])], max_new_tokens=spec["max_tokens"])  # bench_url's warm-up
+    shape = {"structured_output": {"json_object": True}} if spec.get("json_object") else {}
+    engine.generate_many([chat(spec["prompts"][0])], max_new_tokens=spec["max_tokens"], **shape)  # the warm-up
     rows = []
     for round_ in range(1, spec.get("rounds", 1) + 1):
         for c in spec["levels"]:
             texts = level_prompts(spec["prompts"], spec["num_prompts"], c, round_, spec.get("distinct", True))
             rows.append(
-                _row(c, round_, len(texts), closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"]))
+                _row(
+                    c, round_, len(texts), closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"], **shape)
+                )
             )
     return [median_row([row for row in rows if row["concurrency"] == c]) for c in spec["levels"]]
 
