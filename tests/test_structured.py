@@ -311,3 +311,20 @@ def test_the_generate_command_takes_a_grammar(target, capsys, tmp_path):
     assert main(["generate", PROMPT, "--model", model, "--regex", "[0-9"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "regex" in err
+
+
+def test_min_tokens_gives_way_where_the_grammar_can_only_end(target):
+    """A complete grammar allows only the end of sequence; min_tokens masks it: the output ends (plain and
+    speculative alike) instead of drawing from nothing."""
+    for drafter in ("none", "prompt-lookup"):
+        got = generate(
+            target, PROMPT, raw=True, drafter=drafter, max_new_tokens=10, min_tokens=5, structured_output=GRAMMARS[1]
+        )
+        assert got.text in ("yes", "no", "maybe") and got.stats.stop_reason == "eos"
+    from leapdecode.sequence import _suppress
+
+    only_the_end = torch.full((2, 8), float("-inf"))
+    only_the_end[:, 3] = 0.5  # token 3 the end of sequence, the only one the grammar allows
+    only_the_end[1, 5] = 1.0
+    kept = _suppress(only_the_end, {3}, rows=2)
+    assert kept[0, 3] == 0.5 and kept[1, 3] == float("-inf") and kept[1, 5] == 1.0

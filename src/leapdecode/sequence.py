@@ -275,14 +275,18 @@ def _match_vocab(probs: torch.Tensor, vocab: int) -> torch.Tensor:
 
 def _suppress(logits: torch.Tensor, stop_ids: set[int], rows: int) -> torch.Tensor:
     """`logits` with the stop tokens masked in its first `rows` rows (output positions before min_tokens): row i
-    decides output position done + i whatever was drafted, so plain and speculative decoding mask the same places."""
+    decides output position done + i whatever was drafted, so plain and speculative decoding mask the same places.
+    A row whose only allowed tokens are stop tokens (a grammar that is complete) keeps them: the output ends there."""
     rows = min(rows, logits.shape[0])
     ids = [t for t in stop_ids if t < logits.shape[-1]]
     if rows <= 0 or not ids:
         return logits
-    logits = logits.clone()
-    logits[:rows, ids] = float("-inf")
-    return logits
+    masked = logits.clone()
+    masked[:rows, ids] = float("-inf")
+    stuck = ~torch.isfinite(masked[:rows]).any(-1)
+    if stuck.any():
+        masked[:rows][stuck] = logits[:rows][stuck]
+    return masked
 
 
 def _truncate(new: list[int], stop_ids: set[int], room: int) -> list[int]:
