@@ -49,7 +49,7 @@ class StructuredOutput:
     @classmethod
     def _of(cls, value: dict) -> StructuredOutput:
         require(
-            isinstance(value, dict) and len([k for k, v in value.items() if v not in (None, False)]) == 1,
+            len([k for k, v in value.items() if v not in (None, False)]) == 1,
             f"structured_output must name exactly one of {', '.join(KINDS)}, got {value!r}"[:300],
         )
         kind, spec = next((k, v) for k, v in value.items() if v not in (None, False))
@@ -69,12 +69,13 @@ class StructuredOutput:
         return cls(kind, spec)
 
 
-def grammar_for(structured: StructuredOutput | None, loaded) -> Grammar | None:
-    """`structured` compiled for a loaded model (models.LoadedModel: its tokenizer, logits width and end of
-    sequence), or None; a bad grammar fails here, in one line."""
+def grammar_for(structured: StructuredOutput | None, loaded, tokenizer=None) -> Grammar | None:
+    """`structured` compiled for a loaded model (models.LoadedModel: its logits width, end of sequence and tokenizer,
+    or `tokenizer`, a copy of it another thread owns), or None; a bad grammar fails here, in one line."""
     if structured is None:
         return None
-    return Grammar(structured, loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
+    tokenizer = loaded.tokenizer if tokenizer is None else tokenizer
+    return Grammar(structured, tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
 
 
 class Grammar:
@@ -92,7 +93,7 @@ class Grammar:
             else:
                 self.text = llguidance.grammar_from(structured.kind, structured.spec)
         except Exception as error:  # bad JSON text, an unknown format
-            raise LeapDecodeError(f"structured_output: {_first_line(error)}") from None
+            raise LeapDecodeError(f"structured_output: {_one_line(error)}") from None
         ok, message = _validate(self.text, self.tokenizer)
         require(ok, f"structured_output: the {structured.kind} is not valid: {message}")
 
@@ -136,7 +137,7 @@ class GrammarState:
                 return
             require(
                 self.matcher.consume_token(token),
-                f"the output left its grammar ({_first_line(self.matcher.get_error() or 'a token outside it')})",
+                f"the output left its grammar ({_one_line(self.matcher.get_error() or 'a token outside it')})",
             )
 
 
@@ -165,19 +166,19 @@ def _ll_tokenizer(tokenizer, vocab: int, eos_ids: list[int]):
             cache[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=eos_ids)
         except Exception as error:  # e.g. a word-level tokenizer: no bytes per token to follow a grammar with
             raise LeapDecodeError(
-                f"structured output is not available for this tokenizer ({_first_line(error)})"
+                f"structured output is not available for this tokenizer ({_one_line(error)})"
             ) from None
     return cache[key]
 
 
 def _validate(text: str, ll_tokenizer) -> tuple[bool, str]:
-    """(valid, the first line of the first error or warning)."""
+    """(valid, the first error or warning on one line)."""
     import llguidance
 
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, ll_tokenizer)
-    return not is_error, _first_line(messages[0] if messages else "")
+    return not is_error, _one_line(messages[0] if messages else "")
 
 
-def _first_line(message) -> str:
+def _one_line(message) -> str:
     """llguidance's messages span lines (with a source excerpt): one line of at most 300 characters."""
     return " ".join(str(message).split())[:300] or "invalid"

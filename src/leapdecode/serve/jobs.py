@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from ..errors import LeapDecodeError
-from ..structured import Grammar, StructuredOutput
+from ..structured import Grammar, StructuredOutput, grammar_for
 from .protocol import APIError
 from .tokenizing import decode, encode_all
 from .tools import ToolChoice, knows_tools, template_message
@@ -123,7 +123,7 @@ def _structured(field: str, spec: dict) -> StructuredOutput:
 def _compile(tokenizer, engine, structured: StructuredOutput, field: str) -> Grammar:
     """The grammar compiled on a tokenizer worker (the first one builds llguidance's view of the tokenizer)."""
     try:
-        return Grammar(structured, tokenizer, engine.model.config.vocab_size, engine.target.eos_token_ids)
+        return grammar_for(structured, engine.target, tokenizer)
     except LeapDecodeError as e:
         raise APIError(400, f"{field}: {e}", field) from None
 

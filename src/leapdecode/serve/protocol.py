@@ -111,11 +111,9 @@ class _Common(BaseModel):
             )
         if self.structured_outputs:
             asked["structured_outputs"] = self.structured_outputs
-        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice")):
-            if getattr(self, name) is not None:
-                asked[name] = {key: getattr(self, name)}
-        if self.guided_grammar is not None:
-            asked["guided_grammar"] = {"grammar": self.guided_grammar}
+        for key in ("json", "regex", "choice", "grammar"):
+            if getattr(self, f"guided_{key}") is not None:
+                asked[f"guided_{key}"] = {key: getattr(self, f"guided_{key}")}
         if len(asked) > 1:
             raise APIError(400, f"ask for one structured output, not {' and '.join(asked)}", next(iter(asked)))
         return next(iter(asked.items()), None)
