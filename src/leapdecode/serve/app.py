@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server around one Engine: `create_app(engine)` gives a FastAPI app.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events, `data: [DONE]` last),
-GET /v1/models, POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics (Prometheus). The handlers
+POST /v1/responses with GET and DELETE /v1/responses/{id} (OpenAI's Responses API, responses_api.py), GET /v1/models, POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics (Prometheus). The handlers
 are plain functions of a `ServerState` and a request, so the same code serves from a Ray Serve replica
 (ray_app.py). Every answer carries the header `x-leapdecode-instance` (an opaque id of the process; the log maps it
 to host and pid), and every completion a `leapdecode` object with the request's speculative decoding stats.
@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import socket
 import time
 
@@ -34,9 +33,11 @@ from .admission import Admission, Limits, max_running
 from .engine_thread import EngineThread
 from .jobs import build_jobs, submit
 from .metrics import ServerMetrics
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse
-from .responses import SSE, Run
-from .security import Security, SecurityMiddleware, error_id
+from .protocol import APIError
+from .response_store import ResponseStore, delete_response, get_response
+from .responses import SSE, CompletionCall, Run
+from .responses_api import ResponsesCall
+from .security import Security, SecurityMiddleware, authorize, error_id
 from .tokenizing import DetokenizeRequest, TokenizeRequest, TokenizerPool, detokenize, tokenize
 
 log = logging.getLogger("leapdecode.serve")
@@ -71,6 +72,7 @@ class ServerState:
         self.instance = hashlib.sha256(where.encode()).hexdigest()[:12]
         log.info("server instance %s is %s", self.instance, where)
         self.created = int(time.time())
+        self.responses = ResponseStore()  # the Responses API's stored responses (previous_response_id, GET)
         self.tokenizers = TokenizerPool(engine.tokenizer)  # copies made before the engine thread uses the tokenizer
         self.thread = EngineThread(engine).start()
         self.metrics = ServerMetrics(self.thread, self.model_name)
@@ -102,17 +104,6 @@ def _internal(error: Exception) -> APIError:
         type="server_error",
         code="internal_error",
     )
-
-
-def _authorize(state: ServerState, request: Request) -> None:
-    if state.api_key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), state.api_key.encode()):
-        raise APIError(
-            401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key"
-        )
 
 
 async def _read_body(state: ServerState, request: Request) -> bytes:
@@ -149,24 +140,29 @@ async def _discard_body(request: Request) -> None:
 
 
 async def completions(state: ServerState, request: Request) -> Response:
-    return await _complete(state, request, chat=False)
+    return await _complete(state, request, "/v1/completions", lambda raw: CompletionCall(state, raw, chat=False))
 
 
 async def chat_completions(state: ServerState, request: Request) -> Response:
-    return await _complete(state, request, chat=True)
+    return await _complete(state, request, "/v1/chat/completions", lambda raw: CompletionCall(state, raw, chat=True))
 
 
-async def _complete(state: ServerState, request: Request, chat: bool) -> Response:
-    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+async def create_response(state: ServerState, request: Request) -> Response:
+    return await _complete(state, request, "/v1/responses", lambda raw: ResponsesCall(state, raw))
+
+
+async def _complete(state: ServerState, request: Request, endpoint: str, read) -> Response:
+    """Admission, the body read by `read` (raw bytes -> a call: CompletionCall or ResponsesCall), the engine requests,
+    and the call's answer, collected or streamed; every answer counted under `endpoint`."""
     arrival = time.perf_counter()
     ticket, headers, run, body_read = None, {}, None, False
     watcher = None
     try:
-        _authorize(state, request)
+        authorize(state.api_key, request)
         ticket = state.admission.enter(state.thread.refuse_reason())
         body_read = True
-        raw = await _read_body(state, request)
-        body, ignored = parse(ChatCompletionRequest if chat else CompletionRequest, raw)
+        call = read(await _read_body(state, request))
+        body, ignored = call.body, call.ignored
         if ignored:
             log.warning("%s: ignored unknown field(s) %s", endpoint, ", ".join(ignored))
             headers["x-leapdecode-ignored-fields"] = ",".join(ignored)
@@ -178,8 +174,8 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
                 code="model_not_found",
             )
         ticket.resize(body.sequences(), param="n")
-        jobs = await build_jobs(state, body, chat)
-        run = Run(state, body, chat, jobs, submit(state, jobs), arrival)
+        jobs = await build_jobs(state, body, call.chat)
+        run = Run(state, body, call.chat, jobs, submit(state, jobs), arrival)
 
         def client_gone():
             run.client_gone = True
@@ -200,8 +196,8 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
 
             ticket = None  # the stream gives it back when it ends
             state.metrics.http(endpoint, 200)
-            return SSE(run.events(), on_close=closed, headers=headers)
-        result = await run.collect()
+            return SSE(call.events(run), on_close=closed, headers=headers)
+        result = await call.collect(run)
         if run.client_gone:
             state.metrics.http(endpoint, CLIENT_CLOSED)
             return Response(status_code=CLIENT_CLOSED)
@@ -239,7 +235,7 @@ async def _on_disconnect(request: Request, callback) -> None:
 
 
 async def models(state: ServerState, request: Request) -> Response:
-    _authorize(state, request)
+    authorize(state.api_key, request)
     return JSONResponse(
         {
             "object": "list",
@@ -258,7 +254,7 @@ async def models(state: ServerState, request: Request) -> Response:
 
 
 async def _tokenizer_call(state: ServerState, request: Request, model_class, fn) -> Response:
-    _authorize(state, request)
+    authorize(state.api_key, request)
     ticket = state.admission.enter()  # bounded like completions (a 4 MiB prompt takes a worker for seconds)
     try:
         try:
@@ -316,6 +312,9 @@ async def metrics(state: ServerState, request: Request) -> Response:
 ROUTES = (
     ("POST", "/v1/completions", completions),
     ("POST", "/v1/chat/completions", chat_completions),
+    ("POST", "/v1/responses", create_response),
+    ("GET", "/v1/responses/{response_id}", get_response),
+    ("DELETE", "/v1/responses/{response_id}", delete_response),
     ("GET", "/v1/models", models),
     ("POST", "/tokenize", tokenize_route),
     ("POST", "/detokenize", detokenize_route),
@@ -324,10 +323,12 @@ ROUTES = (
     ("GET", "/metrics", metrics),
 )
 PATHS = {path for _, path, _ in ROUTES}
-COUNTED_BY_HANDLER = {"/v1/completions", "/v1/chat/completions"}
+COUNTED_BY_HANDLER = {"/v1/completions", "/v1/chat/completions", "/v1/responses"}
 
 
 def endpoint_label(path: str) -> str:
+    if path.startswith("/v1/responses/") and path.count("/") == 3:
+        return "/v1/responses/{response_id}"
     return path if path in PATHS else "other"
 
 

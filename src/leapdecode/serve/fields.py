@@ -8,7 +8,16 @@ The fields this server honours are declared (and validated) on the request model
 from __future__ import annotations
 
 # metadata: accepted, changes nothing in the answer (vLLM ignores these too, or only logs them)
-METADATA = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "cache_salt")
+METADATA = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "cache_salt",
+)
 
 # field -> (is the value neutral?, why it is refused otherwise); a field the request model declares is honoured
 # instead (so implementing a field is declaring it there)
@@ -68,6 +77,16 @@ CHAT_REFUSED = {
     "mm_processor_kwargs": (_falsy, ""),
 }
 
+RESPONSES_REFUSED = {
+    "background": (_falsy, "responses are answered in the call"),
+    "conversation": (_falsy, "send the history in input, or continue with previous_response_id"),
+    "prompt": (_falsy, "stored prompt templates are not supported"),
+    "reasoning": (lambda v: not v or (isinstance(v, dict) and not any(v.values())), "the model has no such settings"),
+    "truncation": (_neutral("disabled"), "send an input that fits the context"),
+    "max_tool_calls": (lambda v: v is None, ""),
+    "stream_options": (lambda v: True, ""),  # include_obfuscation: padding for streams over the internet
+}
+
 MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 MESSAGE_REFUSED = {
     "function_call": (_falsy, "function calling is not supported"),
@@ -81,10 +100,10 @@ def refused(chat: bool) -> dict:
     return {**COMMON_REFUSED, **(CHAT_REFUSED if chat else COMPLETIONS_REFUSED)}
 
 
-def check(data: dict, declared: set[str], chat: bool) -> tuple[tuple[str, str] | None, list[str]]:
+def check(data: dict, declared: set[str], table: dict, chat: bool = False) -> tuple[tuple[str, str] | None, list[str]]:
     """(param, message) of the first field set to what this server cannot do, or None; and the unknown fields.
-    `declared`: the fields of the request model (honoured, and validated there)."""
-    table = refused(chat)
+    `declared`: the fields of the request model (honoured, and validated there); `table`: the refused fields
+    (`refused(chat)` or RESPONSES_REFUSED); `chat`: check each of `messages` too."""
     unknown = []
     for name, value in data.items():
         if name in declared:

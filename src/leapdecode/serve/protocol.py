@@ -202,9 +202,8 @@ class ChatCompletionRequest(_Common):
         return out
 
 
-def parse(model_class: type[_Common], raw: bytes) -> tuple[_Common, list[str]]:
-    """A validated request from the raw body, and the unknown fields it had (ignored); APIError(400) naming the
-    first bad or unsupported field otherwise."""
+def json_object(raw: bytes) -> dict:
+    """The request body as a JSON object; APIError(400) where it is not one."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -213,21 +212,34 @@ def parse(model_class: type[_Common], raw: bytes) -> tuple[_Common, list[str]]:
         ) from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
-    bad, unknown = fields.check(data, set(model_class.model_fields), chat=model_class is ChatCompletionRequest)
-    if bad:
-        raise APIError(400, bad[1], param=bad[0], code="unsupported_parameter")
+    return data
+
+
+def validated(model_class: type[BaseModel], data: dict, unions: tuple[str, ...] = ()):
+    """`data` as a `model_class`; APIError(400) naming the first bad field (a field of `unions` by itself: a union
+    reports each alternative, and the field is what the client needs to fix)."""
     try:
-        request = model_class.model_validate(data)
+        return model_class.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         param = ".".join(str(x) for x in first["loc"]) or None
-        # a union reports each alternative; the field itself is what the client needs to fix
         top = str(first["loc"][0]) if first["loc"] else None
-        if top in ("prompt", "stop") and first["type"] != "missing":
+        if top in unions and first["type"] != "missing":
             param, msg = top, _union_message(top)
         else:
             msg = first["msg"]
         raise APIError(400, f"{param}: {msg}" if param else msg, param=param) from None
+
+
+def parse(model_class: type[_Common], raw: bytes) -> tuple[_Common, list[str]]:
+    """A validated request from the raw body, and the unknown fields it had (ignored); APIError(400) naming the
+    first bad or unsupported field otherwise."""
+    data = json_object(raw)
+    chat = model_class is ChatCompletionRequest
+    bad, unknown = fields.check(data, set(model_class.model_fields), fields.refused(chat), chat)
+    if bad:
+        raise APIError(400, bad[1], param=bad[0], code="unsupported_parameter")
+    request = validated(model_class, data, ("prompt", "stop"))
     bad = request.unsupported()
     if bad:
         raise APIError(400, bad[1], param=bad[0], code="unsupported_parameter")

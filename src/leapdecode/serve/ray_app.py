@@ -61,10 +61,12 @@ def build_app(
                 max_body_bytes=max_body_bytes,
                 **server_options,
             )
-            self.routes = {path: handlers.bind(handler, self.state, path) for _, path, handler in handlers.ROUTES}
+            self.routes = {
+                (method, path): handlers.bind(handler, self.state, path) for method, path, handler in handlers.ROUTES
+            }
 
         async def _route(self, path: str, request: Request):
-            response = await self.routes[path](request)
+            response = await self.routes[request.method, path](request)
             response.headers["x-leapdecode-instance"] = self.state.instance
             return response
 
@@ -75,6 +77,18 @@ def build_app(
         @api.post("/v1/chat/completions")
         async def chat_completions(self, request: Request):
             return await self._route("/v1/chat/completions", request)
+
+        @api.post("/v1/responses")
+        async def responses(self, request: Request):
+            return await self._route("/v1/responses", request)
+
+        @api.get("/v1/responses/{response_id}")
+        async def get_response(self, request: Request):
+            return await self._route("/v1/responses/{response_id}", request)
+
+        @api.delete("/v1/responses/{response_id}")
+        async def delete_response(self, request: Request):
+            return await self._route("/v1/responses/{response_id}", request)
 
         @api.get("/v1/models")
         async def models(self, request: Request):

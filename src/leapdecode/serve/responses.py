@@ -17,7 +17,7 @@ import uuid
 from fastapi.responses import StreamingResponse
 
 from .engine_thread import StepFailure
-from .protocol import APIError, usage
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse, usage
 
 POLL_SECONDS = 0.5  # how often a waiting request looks at the engine thread's health and its deadlines
 
@@ -45,6 +45,20 @@ class SSE(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+
+class CompletionCall:
+    """One completion or chat completion call: its validated `body`, and its answer collected or streamed."""
+
+    def __init__(self, state, raw: bytes, chat: bool):
+        self.chat = chat
+        self.body, self.ignored = parse(ChatCompletionRequest if chat else CompletionRequest, raw)
+
+    async def collect(self, run) -> dict:
+        return await run.collect()
+
+    def events(self, run):
+        return run.events()
 
 
 class Run:
@@ -145,7 +159,7 @@ class Run:
                     metrics.finished(_reason(out.finish_reason))
             yield i, out
 
-    async def _all(self):
+    async def outputs(self):
         if self._iter is None:
             await self.start()
         if self._first is not None:
@@ -153,7 +167,7 @@ class Run:
             async for item in self._iter:
                 yield item
 
-    def _usage(self) -> dict:
+    def token_usage(self) -> dict:
         seen, prompt = set(), 0
         for job in self.jobs:
             if id(job["prompt_ids"]) not in seen:
@@ -161,7 +175,7 @@ class Run:
                 prompt += len(job["prompt_ids"])
         return usage(prompt, sum(self.tokens))
 
-    def _spec(self, indices) -> dict:
+    def spec(self, indices) -> dict:
         stats = [self.stats[i] for i in indices if self.stats[i] is not None]
         new = sum(s.new_tokens for s in stats)
         forwards = sum(s.forward_passes for s in stats)
@@ -177,7 +191,7 @@ class Run:
             "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         }
 
-    async def _logprobs(self, i: int, entries) -> dict | None:
+    async def logprobs_of(self, i: int, entries) -> dict | None:
         """OpenAI's logprobs object for these output tokens of choice i (chat: `content`; completions: `tokens`,
         `token_logprobs`, `top_logprobs`, `text_offset`), or None when the call asked for none."""
         if self.num_logprobs is None:
@@ -223,7 +237,7 @@ class Run:
     async def collect(self) -> dict:
         texts = [[job["echo"]] for job in self.jobs]
         reasons: list = [None] * len(self.jobs)
-        async for i, out in self._all():
+        async for i, out in self.outputs():
             texts[i].append(out.text)
             self.logprobs[i] += out.logprobs or []
             if out.finished:
@@ -233,9 +247,9 @@ class Run:
         choices = []
         for i, parts in enumerate(texts):
             text = "".join(parts)
-            logprobs = await self._logprobs(i, self.logprobs[i])
+            logprobs = await self.logprobs_of(i, self.logprobs[i])
             if self.chat:
-                content, calls, reason = self._calls(text, reasons[i])
+                content, calls, reason = self.tool_calls_of(text, reasons[i])
                 message = {"role": "assistant", "content": content, "refusal": None}
                 if calls:
                     message["tool_calls"] = calls
@@ -245,11 +259,11 @@ class Run:
         return {
             **self._head(False),
             "choices": choices,
-            "usage": self._usage(),
-            "leapdecode": self._spec(range(len(self.jobs))),
+            "usage": self.token_usage(),
+            "leapdecode": self.spec(range(len(self.jobs))),
         }
 
-    def _calls(self, text: str, reason: str | None) -> tuple[str | None, list[dict], str | None]:
+    def tool_calls_of(self, text: str, reason: str | None) -> tuple[str | None, list[dict], str | None]:
         """(content, tool_calls, finish_reason) of a finished chat answer: calls only where tools were asked for and
         the answer ended by itself (an answer cut by max_tokens stays text)."""
         if self.tools is None or reason != "stop":
@@ -283,26 +297,26 @@ class Run:
                 yield sse(self._chunk(i, None, None, role=True))
             elif job["echo"]:
                 yield sse(self._chunk(i, job["echo"], None))
-        async for i, out in self._all():
+        async for i, out in self.outputs():
             # a step's tokens carry their logprobs even when their text is held back (a possible stop string)
-            logprobs = await self._logprobs(i, out.logprobs) if out.logprobs else None
+            logprobs = await self.logprobs_of(i, out.logprobs) if out.logprobs else None
             if self.tools is not None:  # the text is read for calls once it is whole: held back until then
                 self.texts[i].append(out.text)
             if out.finished:
                 reason = _reason(out.finish_reason)
                 if self.tools is not None:
-                    text, calls, reason = self._calls("".join(self.texts[i]), reason)
+                    text, calls, reason = self.tool_calls_of("".join(self.texts[i]), reason)
                     chunk = self._chunk(i, text, reason, logprobs=logprobs)
                     if calls:
                         chunk["choices"][0]["delta"]["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
                 else:
                     chunk = self._chunk(i, out.text or (None if self.chat else ""), reason, logprobs=logprobs)
-                chunk["leapdecode"] = {"index": i, **self._spec([i])}
+                chunk["leapdecode"] = {"index": i, **self.spec([i])}
                 yield sse(chunk)
             elif (out.text and self.tools is None) or logprobs:
                 yield sse(self._chunk(i, out.text if self.tools is None else None, None, logprobs=logprobs))
         if self.failure:
             yield sse(self.failure.body())
         elif self.include_usage:
-            yield sse({**self._head(True), "choices": [], "usage": self._usage()})
+            yield sse({**self._head(True), "choices": [], "usage": self.token_usage()})
         yield "data: [DONE]\n\n"

@@ -165,3 +165,16 @@ async def _drain(receive, limit: int = 64 * 1024 * 1024) -> None:
         size += len(message.get("body", b""))
         if not message.get("more_body"):
             return
+
+
+def authorize(api_key: str | None, request) -> None:
+    """APIError(401) unless the request carries `Authorization: Bearer <api_key>` (nothing to check without a key)."""
+    if api_key is None:
+        return
+    from .protocol import APIError
+
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+        raise APIError(
+            401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key"
+        )
