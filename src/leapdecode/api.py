@@ -58,6 +58,7 @@ def generate(
     draft = DraftConfig(**{k: options.pop(k) for k in DRAFT_OPTIONS if k in options})
     params = RequestParams.of(params, **options)
     require(not params.stop, "generate has no stop strings yet: use the Engine (or cut the text) for `stop`")
+    require(params.prompt_logprobs is None, "generate does not score prompts: use the Engine for `prompt_logprobs`")
     target = resolve_model(model, tokenizer, dtype)
     prompt_ids = encode_prompt(target.tokenizer, prompt, params.raw)
     params.check_vocab(len(target.tokenizer))

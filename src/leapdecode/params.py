@@ -55,6 +55,9 @@ class RequestParams:
     any filter or mask, as vLLM's default `raw_logprobs`). `repetition_penalty`, `frequency_penalty`,
     `presence_penalty` and `logit_bias` ({token id: bias}) as vLLM applies them (penalties.Penalties); like the
     sampling settings they change the distribution plain and speculative decoding both draw from.
+    `prompt_logprobs`: report, for every prompt token after the first, its log-probability given the tokens before it
+    and that of the `prompt_logprobs` most likely tokens there (vLLM's `prompt_logprobs`; the Engine only): the prompt
+    is then read whole from its first token (no cached prefix) and `max_new_tokens` may be 0 (scoring alone).
     `structured_output`: a grammar every output follows (structured.StructuredOutput, or vLLM's dict: {"json":
     schema}, {"json_object": True}, {"regex": ...}, {"choice": [...]}, {"grammar": ...})."""
 
@@ -70,6 +73,7 @@ class RequestParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -79,9 +83,10 @@ class RequestParams:
     penalties: Penalties = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        scoring = self.prompt_logprobs is not None
         require(
-            _is_int(self.max_new_tokens) and self.max_new_tokens > 0,
-            f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",
+            _is_int(self.max_new_tokens) and self.max_new_tokens >= (0 if scoring else 1),
+            f"max_new_tokens must be a positive integer (0 only with prompt_logprobs), got {self.max_new_tokens!r}",
         )
         require(
             _is_number(self.temperature) and _is_number(self.top_p) and _is_int(self.top_k),
@@ -109,6 +114,10 @@ class RequestParams:
         require(
             self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
             f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+        )
+        require(
+            not scoring or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+            f"prompt_logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}",
         )
         sampling = SamplingConfig(
             temperature=float(self.temperature),

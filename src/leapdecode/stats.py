@@ -61,6 +61,7 @@ class GenerationResult:
     model: str
     drafter: str
     logprobs: list | None = None  # with RequestParams.logprobs: one sequence.TokenLogprobs per new token
+    prompt_logprobs: list | None = None  # with RequestParams.prompt_logprobs (Engine): None, then one per prompt token
     error: str | None = None  # the request failed (stats.stop_reason "error"): why; the tokens are those before it
 
     def as_dict(self) -> dict:

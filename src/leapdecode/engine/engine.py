@@ -236,6 +236,7 @@ class Engine:
                 model=self.name,
                 drafter=self.drafter_name,
                 logprobs=list(r.seq.logprobs) if r.seq and r.params.logprobs is not None else None,
+                prompt_logprobs=[None, *r.prompt_scores] if r.params.prompt_logprobs is not None else None,
                 error=finals[r.id].error,
             )
             for r in requests

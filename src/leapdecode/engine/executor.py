@@ -15,6 +15,7 @@ import torch
 from ..forward import ModelForward
 from ..kv.prefix_cache import PrefixCache
 from ..kv.slots import FlatBatch
+from ..sequence import token_logprobs
 from .request import Request
 from .scheduler import StepPlan
 
@@ -55,6 +56,10 @@ class Executor:
             drafted = len(request.seq.draft.tokens)
             if not all(finite[rows]):
                 results.append(Accepted(request, [], drafted, drafted, "the model produced non-finite logits"))
+                continue
+            if entry.scored is not None:  # prompt rows: their next prompt tokens' logprobs, no step
+                following = request.prompt_ids[entry.scored + 1 : entry.scored + 1 + entry.rows]
+                request.prompt_scores += token_logprobs(logits[rows], following, request.params.prompt_logprobs)
                 continue
             if entry.read_to_end:
                 self.prefix_cache.insert(request.prompt_ids, request.kv)

@@ -23,6 +23,7 @@ def request_output(accepted: Accepted) -> RequestOutput:
         new = new[:used]
         seq.stats.stop_reason = "stop"
     finished = seq.finished
+    first = seq.stats.forward_passes == 1  # the step that read the prompt's end
     return RequestOutput(
         request.id,
         new,
@@ -32,6 +33,9 @@ def request_output(accepted: Accepted) -> RequestOutput:
         len(request.prompt_ids),
         seq.finish() if finished else None,
         logprobs=None if seq.num_logprobs is None else seq.logprobs[len(seq.out) - len(new) :],
+        prompt_logprobs=[None, *request.prompt_scores]
+        if first and request.params.prompt_logprobs is not None
+        else None,
     )
 
 

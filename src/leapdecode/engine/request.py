@@ -19,7 +19,9 @@ class RequestOutput:
     """What one step produced for one request. `text` is the new text (never a stop string); the last output of a
     request has `finished`, its `finish_reason` ("stop", "length" or "abort", see params.FINISH_REASONS) and its
     `stats`; a request that failed has finish_reason "error" and the reason in `error`. `logprobs`: one
-    TokenLogprobs per new token when the request asked for them (RequestParams.logprobs), else None."""
+    TokenLogprobs per new token when the request asked for them (RequestParams.logprobs), else None.
+    `prompt_logprobs`: with RequestParams.prompt_logprobs, on the request's first output: None for the prompt's first
+    token, then one TokenLogprobs per prompt token."""
 
     request_id: int
     new_token_ids: list[int]
@@ -30,6 +32,7 @@ class RequestOutput:
     stats: GenerationStats | None = None
     error: str | None = None  # set (with finish_reason "error") when this request failed; others went on
     logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class Request:
@@ -48,6 +51,13 @@ class Request:
         self.reading: list[int] = prompt_ids
         self.admitted = 0  # admission order (the newest running request is preempted first)
         self.outputs: deque[RequestOutput] = deque()
+        self.prompt_scores: list[TokenLogprobs] = []  # with params.prompt_logprobs: prompt tokens 1.. scored so far
+
+    @property
+    def scoring(self) -> bool:
+        """Whether prompt tokens are still to be scored (RequestParams.prompt_logprobs): then none of its prompt may
+        come from the prefix cache, whose rows have no logits."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_scores) < len(self.prompt_ids) - 1
 
     @property
     def decoding(self) -> bool:

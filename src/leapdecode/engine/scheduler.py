@@ -66,6 +66,7 @@ class Logits:
     first: int
     rows: int
     read_to_end: bool = False  # the last row of what it had to read: its prompt's blocks go to the prefix cache
+    scored: int | None = None  # prompt rows scored, not a step (RequestParams.prompt_logprobs): the first's position
 
 
 @dataclass
@@ -89,7 +90,7 @@ class StepPlan:
 
     @property
     def greedy(self) -> bool:
-        return all(entry.request.seq.argmax_only for entry in self.logits)
+        return all(entry.request.seq.argmax_only and entry.scored is None for entry in self.logits)
 
     @property
     def hidden(self) -> bool:
@@ -190,7 +191,7 @@ class Scheduler:
                     continue
                 self.admitted_prompt_tokens += len(request.prompt_ids)
             request.kv = SequenceKV(self.layers)
-            cached = self.prefix_cache.lookup(request.reading)
+            cached = None if request.scoring else self.prefix_cache.lookup(request.reading)
             if cached is not None:
                 request.kv.load(*cached)
             self._admissions += 1
@@ -259,6 +260,10 @@ class Scheduler:
         plan.arm = self.arm if plan.drafted > 0 or self.drafted_ahead else 0
         for request, n in chunks:
             done = request.read
+            if request.scoring:  # rows done.. predict prompt tokens done + 1..: those not scored yet
+                first, end = max(done, len(request.prompt_scores)), min(done + n, len(request.prompt_ids) - 1)
+                if end > first:
+                    plan.logits.append(Logits(request, len(plan.ids) + first - done, end - first, scored=first))
             plan.add(request, request.reading[done : done + n], done)
             if done + n == len(request.reading):
                 plan.logits.append(Logits(request, len(plan.ids) - 1, 1, read_to_end=True))

@@ -88,6 +88,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         stop_token_ids=tuple(body.stop_token_ids or ()),
                         ignore_eos=bool(body.ignore_eos),
                         logprobs=body.num_logprobs(),
+                        prompt_logprobs=_prompt_logprobs(body, chat, max_tokens),
                         repetition_penalty=float(body.repetition_penalty or 1.0),
                         frequency_penalty=float(body.frequency_penalty or 0.0),
                         presence_penalty=float(body.presence_penalty or 0.0),
@@ -97,6 +98,14 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                 )
             )
     return jobs
+
+
+def _prompt_logprobs(body, chat: bool, max_tokens: int) -> int | None:
+    """The engine's prompt_logprobs for an echoed completion: its logprobs setting (the echo carries the prompt's
+    logprobs), or 0 where max_tokens 0 asks for the prompt alone; None otherwise."""
+    if chat or not body.echo:
+        return None
+    return body.logprobs if body.logprobs is not None else (0 if max_tokens == 0 else None)
 
 
 def _chat(state, body, tools: ToolChoice) -> list[dict]:

@@ -126,10 +126,11 @@ class CompletionRequest(_Common):
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
     echo: Optional[StrictBool] = False
     logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
+    max_tokens: Optional[StrictInt] = Field(default=None, ge=0)  # 0: the echoed prompt alone (scoring it)
 
     def unsupported(self):
-        if self.logprobs is not None and self.echo:
-            return "echo", "echo with logprobs is not supported (the prompt's logprobs are not computed)"
+        if self.max_tokens == 0 and not self.echo:
+            return "max_tokens", "max_tokens 0 needs echo (it returns the prompt, with its logprobs if asked)"
         return super().unsupported()
 
     def num_logprobs(self) -> int | None:

@@ -16,15 +16,16 @@ import uuid
 
 from fastapi.responses import StreamingResponse
 
+from ..sequence import TokenLogprobs
 from .engine_thread import StepFailure
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse, usage
 
 POLL_SECONDS = 0.5  # how often a waiting request looks at the engine thread's health and its deadlines
 
 
-def _finite(logprob: float) -> float:
-    """JSON has no -inf: a token the model rules out gets vLLM's floor."""
-    return max(logprob, -9999.0)
+def _finite(logprob: float | None) -> float | None:
+    """JSON has no -inf: a token the model rules out gets vLLM's floor (None: the prompt's first token, unscored)."""
+    return None if logprob is None else max(logprob, -9999.0)
 
 
 def _reason(finish_reason: str | None) -> str | None:
@@ -219,10 +220,18 @@ class Run:
             "token_logprobs": [_finite(e.logprob) for e in entries],
             # vLLM's shape: the chosen token, then the n most likely (a dict: up to n + 1 entries)
             "top_logprobs": [
-                {strings[t]: _finite(lp) for t, lp in ((e.token, e.logprob), *e.top[:n])} for e in entries
+                None if e.logprob is None else {strings[t]: _finite(lp) for t, lp in ((e.token, e.logprob), *e.top[:n])}
+                for e in entries
             ],
             "text_offset": offsets,
         }
+
+    def prompt_entries(self, i: int, out) -> list[TokenLogprobs]:
+        """An echoed prompt's logprobs, carried by choice i's first output (completions with echo and logprobs): its
+        first token has none (logprob None, as vLLM and OpenAI answer it)."""
+        if not out.prompt_logprobs or not self.jobs[i]["echo"] or self.num_logprobs is None:
+            return []
+        return [TokenLogprobs(self.jobs[i]["prompt_ids"][0], None), *out.prompt_logprobs[1:]]
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
@@ -239,7 +248,7 @@ class Run:
         reasons: list = [None] * len(self.jobs)
         async for i, out in self.outputs():
             texts[i].append(out.text)
-            self.logprobs[i] += out.logprobs or []
+            self.logprobs[i] += self.prompt_entries(i, out) + (out.logprobs or [])
             if out.finished:
                 reasons[i] = _reason(out.finish_reason)
         if self.failure:
@@ -292,12 +301,18 @@ class Run:
         def sse(obj) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+        # an echo with logprobs waits for the prompt's logprobs, which come with the choice's first output
+        deferred = {i for i, job in enumerate(self.jobs) if job["echo"] and self.num_logprobs is not None}
         for i, job in enumerate(self.jobs):
             if self.chat:
                 yield sse(self._chunk(i, None, None, role=True))
-            elif job["echo"]:
+            elif job["echo"] and i not in deferred:
                 yield sse(self._chunk(i, job["echo"], None))
         async for i, out in self.outputs():
+            if i in deferred:
+                deferred.discard(i)
+                prompt = await self.logprobs_of(i, self.prompt_entries(i, out))
+                yield sse(self._chunk(i, self.jobs[i]["echo"], None, logprobs=prompt))
             # a step's tokens carry their logprobs even when their text is held back (a possible stop string)
             logprobs = await self.logprobs_of(i, out.logprobs) if out.logprobs else None
             if self.tools is not None:  # the text is read for calls once it is whole: held back until then
