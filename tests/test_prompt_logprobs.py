@@ -8,6 +8,7 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
+from live_server import client_of, served
 from test_engine import run, solo
 from tiny_hf import make_tiny_bpe_dir, make_tiny_hf_dir
 
@@ -15,8 +16,6 @@ from leapdecode.engine import Engine
 from leapdecode.errors import LeapDecodeError
 from leapdecode.models import resolve_model
 from leapdecode.params import RequestParams
-from leapdecode.serve.app import create_app
-from leapdecode.serve.server import BackgroundServer
 
 PROMPT = [5, 17, 3, 49, 42, 7, 7, 12, 64, 31, 2, 8, 60, 11, 23, 45, 6, 20, 19, 4, 33]
 
@@ -120,10 +119,8 @@ def test_scores_on_smollm2_match_hf_while_greedy_requests_decode():
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     bpe = resolve_model(str(make_tiny_bpe_dir(tmp_path_factory.mktemp("echo") / "tiny", context=512)))
-    app = create_app(Engine(bpe, drafter="prompt-lookup", max_batch_tokens=16), served_model_name="tiny")
-    with BackgroundServer(app) as url:
-        yield bpe, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    app.state.server.close()
+    with served(bpe, max_batch_tokens=16) as (url, _):
+        yield bpe, client_of(url)
 
 
 def test_echo_with_logprobs_scores_the_prompt_through_http(client):

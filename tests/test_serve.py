@@ -11,6 +11,7 @@ import time
 import httpx
 import openai
 import pytest
+from live_server import served
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
@@ -35,10 +36,8 @@ def target(model_dir):
 
 @pytest.fixture(scope="module")
 def server(target):
-    app = create_app(Engine(target, drafter="prompt-lookup", max_sequences=8), served_model_name="tiny")
-    with BackgroundServer(app) as url:
-        yield url, app.state.server
-    app.state.server.close()
+    with served(target, max_sequences=8) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

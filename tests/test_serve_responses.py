@@ -10,15 +10,13 @@ import json
 import openai
 import pydantic
 import pytest
+from live_server import client_of, served
 from tiny_hf import make_tiny_bpe_dir
 
 from leapdecode import generate
-from leapdecode.engine import Engine
 from leapdecode.models import resolve_model
-from leapdecode.serve.app import create_app
 from leapdecode.serve.response_store import ResponseStore
 from leapdecode.serve.responses_api import input_messages
-from leapdecode.serve.server import BackgroundServer
 from leapdecode.serve.tools import ToolChoice
 
 WEATHER = {
@@ -42,10 +40,8 @@ def target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(target):
-    app = create_app(Engine(target, drafter="prompt-lookup", max_sequences=4), served_model_name="tiny")
-    with BackgroundServer(app) as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    app.state.server.close()
+    with served(target, max_sequences=4) as (url, _):
+        yield client_of(url)
 
 
 def alone(target, messages, tokens, **options):
@@ -238,15 +234,15 @@ def test_the_store_is_bounded_least_recently_used_out():
 def test_a_conversation_on_smollm2_is_greedy_alone():
     """SmolLM2-135M with its shipped head (the server's default drafter): two turns chained by previous_response_id,
     the second streamed, each equal to `generate` without drafts on the same history."""
-    app = create_app(Engine("smollm2-135m", drafter="auto"), served_model_name="smol")
-    with BackgroundServer(app) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    target = resolve_model("smollm2-135m")
+    with served(target, drafter="auto") as (url, _):
+        client = client_of(url)
         first = client.responses.create(
-            model="smol", input="Give me three tips for learning to cook.", max_output_tokens=64, temperature=0
+            model="tiny", input="Give me three tips for learning to cook.", max_output_tokens=64, temperature=0
         )
         events = list(
             client.responses.create(
-                model="smol",
+                model="tiny",
                 input="Now make the second tip longer.",
                 previous_response_id=first.id,
                 max_output_tokens=64,
@@ -254,8 +250,6 @@ def test_a_conversation_on_smollm2_is_greedy_alone():
                 stream=True,
             )
         )
-    app.state.server.close()
-    target = resolve_model("smollm2-135m")
     history = [{"role": "user", "content": "Give me three tips for learning to cook."}]
     assert first.output_text == alone(target, history, 64).text
     history += [

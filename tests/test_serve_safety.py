@@ -11,14 +11,12 @@ import socket
 import httpx
 import openai
 import pytest
+from live_server import served
 from tiny_hf import make_tiny_hf_dir
 
-from leapdecode.engine import Engine
 from leapdecode.models import resolve_model
 from leapdecode.prompt import encode_prompt
-from leapdecode.serve.app import create_app
 from leapdecode.serve.security import Security, host_name
-from leapdecode.serve.server import BackgroundServer
 from leapdecode.version import __version__
 
 ALLOWED = "https://app.example"
@@ -32,10 +30,8 @@ def target(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(target):
     security = Security("127.0.0.1", allowed_hosts=("api.example", ".corp.example"), allowed_origins=(ALLOWED,))
-    app = create_app(Engine(target, drafter="prompt-lookup"), served_model_name="tiny", security=security)
-    with BackgroundServer(app) as url:
-        yield url, app.state.server
-    app.state.server.close()
+    with served(target, {"security": security}) as running:
+        yield running
 
 
 def post(url, path="/v1/completions", body=None, **headers):

@@ -213,15 +213,10 @@ def test_grammars_that_do_not_compile_fail_at_once(target, value):
 
 @pytest.fixture(scope="module")
 def client(target):
-    import openai
+    from live_server import client_of, served
 
-    from leapdecode.serve.app import create_app
-    from leapdecode.serve.server import BackgroundServer
-
-    app = create_app(Engine(target, drafter="prompt-lookup", max_sequences=4), served_model_name="tiny")
-    with BackgroundServer(app) as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    app.state.server.close()
+    with served(target, max_sequences=4) as (url, _):
+        yield client_of(url)
 
 
 @pytest.mark.parametrize(
