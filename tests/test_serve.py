@@ -58,6 +58,31 @@ def sse_events(url: str, body: dict, headers=None) -> list[str]:
 # ---- outputs ---------------------------------------------------------------------------------------------------------
 
 
+def test_continue_final_message_continues_a_prefilled_answer(client, target):
+    """vLLM's `continue_final_message` (with `add_generation_prompt: false`): the answer continues the last message
+    instead of opening a new turn; the ids are the template's with that message left open."""
+    messages = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "the w3 w7"}]
+    ids = encode_prompt(target.tokenizer, messages, continue_final=True)
+    opened = encode_prompt(target.tokenizer, messages)  # the message closed, a new assistant turn opened
+    assert opened[: len(ids)] == ids and len(opened) > len(ids)
+    assert ids[-3:] == target.tokenizer("the w3 w7", add_special_tokens=False)["input_ids"]
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert r.choices[0].message.content == solo(target, ids, 12).text and r.usage.prompt_tokens == len(ids)
+    plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    assert plain.usage.prompt_tokens == len(opened)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=2, extra_body={"continue_final_message": True}
+        )
+    assert info.value.body["param"] == "continue_final_message"
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_chat_greedy_equals_generate(client, target, prompt):
     ref = solo(target, prompt, 40)

@@ -12,10 +12,17 @@ Messages = Sequence[dict]
 
 
 def encode_prompt(
-    tokenizer, prompt: str | Messages | Sequence[int], raw: bool = False, tools: list[dict] | None = None
+    tokenizer,
+    prompt: str | Messages | Sequence[int],
+    raw: bool = False,
+    tools: list[dict] | None = None,
+    continue_final: bool = False,
+    generation_prompt: bool = True,
 ) -> list[int]:
     """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is.
-    A list of token ids is taken as it is. `tools`: function definitions the chat template shows the model."""
+    A list of token ids is taken as it is. `tools`: function definitions the chat template shows the model.
+    `continue_final`: the last message is left open and the answer continues it (a prefilled answer), instead of a new
+    turn; `generation_prompt`: the template's opening of the assistant's turn (vLLM's `add_generation_prompt`)."""
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer)
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
@@ -32,5 +39,8 @@ def encode_prompt(
         "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead",
     )
     extra = {"tools": tools} if tools else {}
-    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False, **extra)
+    if continue_final:
+        extra["continue_final_message"] = True
+    opening = generation_prompt and not continue_final
+    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=opening, tokenize=False, **extra)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -68,8 +68,6 @@ CHAT_REFUSED = {
     "verbosity": (_falsy, ""),
     "web_search_options": (_falsy, "web search is not supported"),
     "echo": (_falsy, "echo is supported on /v1/completions only"),
-    "add_generation_prompt": (_neutral(True), "the chat template always ends with the assistant's turn"),
-    "continue_final_message": (_falsy, "the chat template always starts a new assistant turn"),
     "add_special_tokens": (_neutral(False), "the chat template's text is tokenized as it is"),
     "documents": (_falsy, ""),
     "chat_template": (_falsy, "the model's own chat template is used"),

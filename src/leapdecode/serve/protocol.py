@@ -181,10 +181,14 @@ class ChatCompletionRequest(_Common):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[StrictBool] = None
+    add_generation_prompt: Optional[StrictBool] = True  # vLLM's: the template opens the assistant's turn
+    continue_final_message: Optional[StrictBool] = False  # vLLM's: the answer continues the last message (prefill)
 
     def unsupported(self):
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs set to true"
+        if self.continue_final_message and self.add_generation_prompt is not False:
+            return "continue_final_message", "continue_final_message needs add_generation_prompt set to false"
         return super().unsupported()
 
     def num_logprobs(self) -> int | None:
