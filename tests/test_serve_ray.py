@@ -75,3 +75,9 @@ def test_two_replicas_serve_one_route(ray_server):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected[prompts[0]]
     bad = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": []}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+    # the Responses API and its stored-response routes (GET and DELETE on one path) through the proxy
+    response = client.responses.create(model="tiny", input=prompts[1], max_output_tokens=12, temperature=0)
+    assert response.output_text == expected[prompts[1]]
+    for method in ("GET", "DELETE"):
+        missing = httpx.request(method, url + "/v1/responses/resp_unknown", timeout=60)
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "response_not_found"
