@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server around one Engine: `create_app(engine)` gives a FastAPI app.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events, `data: [DONE]` last),
-POST /v1/responses with GET and DELETE /v1/responses/{id} (OpenAI's Responses API, responses_api.py), GET /v1/models, POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics (Prometheus). The handlers
+POST /v1/responses with GET and DELETE /v1/responses/{id} (OpenAI's Responses API, responses_api.py), GET /v1/models,
+POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics (Prometheus). The handlers
 are plain functions of a `ServerState` and a request, so the same code serves from a Ray Serve replica
 (ray_app.py). Every answer carries the header `x-leapdecode-instance` (an opaque id of the process; the log maps it
 to host and pid), and every completion a `leapdecode` object with the request's speculative decoding stats.
@@ -140,11 +141,11 @@ async def _discard_body(request: Request) -> None:
 
 
 async def completions(state: ServerState, request: Request) -> Response:
-    return await _complete(state, request, "/v1/completions", lambda raw: CompletionCall(state, raw, chat=False))
+    return await _complete(state, request, "/v1/completions", lambda raw: CompletionCall(raw, chat=False))
 
 
 async def chat_completions(state: ServerState, request: Request) -> Response:
-    return await _complete(state, request, "/v1/chat/completions", lambda raw: CompletionCall(state, raw, chat=True))
+    return await _complete(state, request, "/v1/chat/completions", lambda raw: CompletionCall(raw, chat=True))
 
 
 async def create_response(state: ServerState, request: Request) -> Response:

@@ -51,7 +51,7 @@ class SSE(StreamingResponse):
 class CompletionCall:
     """One completion or chat completion call: its validated `body`, and its answer collected or streamed."""
 
-    def __init__(self, state, raw: bytes, chat: bool):
+    def __init__(self, raw: bytes, chat: bool):
         self.chat = chat
         self.body, self.ignored = parse(ChatCompletionRequest if chat else CompletionRequest, raw)
 
@@ -161,6 +161,7 @@ class Run:
             yield i, out
 
     async def outputs(self):
+        """(choice index, RequestOutput) of every output of the call's requests, the first included, in order."""
         if self._iter is None:
             await self.start()
         if self._first is not None:
