@@ -60,7 +60,7 @@ def test_prompt_scores_are_hf_log_softmax_and_other_requests_are_unchanged(targe
     assert all(o.prompt_logprobs is None for o in outputs[0] + outputs[1][1:])
     (only,) = outputs[2]
     assert only.finished and only.new_token_ids == [] and only.finish_reason == "length"
-    assert [s.logprob for s in only.prompt_logprobs[1:]] == [s.logprob for s in outputs[1][0].prompt_logprobs[1:]]
+    check(target, only.prompt_logprobs, PROMPT, 0)
 
 
 def test_a_cached_prefix_is_read_again_for_scores(target):
@@ -133,19 +133,22 @@ def test_echo_with_logprobs_scores_the_prompt_through_http(client):
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and len(lp.tokens) == len(ids) + 3
     chosen, _ = hf_scores(bpe, ids, 2)
     assert lp.token_logprobs[1 : len(ids)] == pytest.approx(chosen, abs=1e-4)
-    assert lp.token_logprobs[len(ids) :] == plain.choices[0].logprobs.token_logprobs
+    # the answer's: a step that also keeps the prompt's rows may take another output-head kernel (fp32 rounding)
+    assert lp.token_logprobs[len(ids) :] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-4)
     assert echoed.choices[0].text == bpe.tokenizer.decode(ids) + plain.choices[0].text
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
     scored = client.completions.create(model="tiny", prompt=ids, max_tokens=0, logprobs=1, echo=True)
     assert scored.usage.completion_tokens == 0 and scored.choices[0].finish_reason == "length"
-    assert scored.choices[0].logprobs.token_logprobs == lp.token_logprobs[: len(ids)]
+    alone = scored.choices[0].logprobs.token_logprobs
+    assert alone[0] is None and alone[1:] == pytest.approx(lp.token_logprobs[1 : len(ids)], abs=1e-4)
     stream = list(
         client.completions.create(
             model="tiny", prompt=ids, max_tokens=3, logprobs=2, temperature=0, echo=True, stream=True
         )
     )
     streamed = [v for c in stream for v in (c.choices[0].logprobs.token_logprobs if c.choices[0].logprobs else [])]
-    assert streamed == lp.token_logprobs and stream[0].choices[0].text == bpe.tokenizer.decode(ids)
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-4)
+    assert stream[0].choices[0].text == bpe.tokenizer.decode(ids)
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="tiny", prompt=ids, max_tokens=0)
     assert info.value.body["param"] == "max_tokens"
