@@ -68,7 +68,8 @@ def test_bench_serve_measures_every_level(url, tmp_path, capsys):
     assert "output tok/s" in capsys.readouterr().out
 
 
-def test_completions_endpoint_and_poisson_rate(url, tmp_path):
+@pytest.mark.parametrize("endpoint", ["completions", "responses"])
+def test_other_endpoints_and_poisson_rate(url, tmp_path, endpoint):
     out = tmp_path / "out"
     assert (
         main(
@@ -85,7 +86,7 @@ def test_completions_endpoint_and_poisson_rate(url, tmp_path):
                 "--suite",
                 "quick",
                 "--endpoint",
-                "completions",
+                endpoint,
                 "--rate",
                 "50",
                 "--poisson",
@@ -97,6 +98,7 @@ def test_completions_endpoint_and_poisson_rate(url, tmp_path):
     )
     row = json.loads((out / "results.json").read_text())["results"][0]["rows"][0]
     assert row["completed"] == 4 and row["failed"] == 0
+    assert row["output_tokens"] == 4 * 4  # the server's usage (the tiny model never ends before max tokens here)
 
 
 def test_failed_requests_are_counted_not_fatal(url, tmp_path):
