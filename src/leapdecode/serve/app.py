@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -34,7 +33,7 @@ from .admission import Admission, Limits, max_running
 from .engine_thread import EngineThread
 from .jobs import build_jobs, submit
 from .metrics import ServerMetrics
-from .protocol import APIError
+from .protocol import APIError, json_object, validated
 from .response_store import ResponseStore, delete_response, get_response
 from .responses import SSE, CompletionCall, Run
 from .responses_api import ResponsesCall
@@ -258,26 +257,12 @@ async def _tokenizer_call(state: ServerState, request: Request, model_class, fn)
     authorize(state.api_key, request)
     ticket = state.admission.enter()  # bounded like completions (a 4 MiB prompt takes a worker for seconds)
     try:
-        try:
-            data = json.loads(await _read_body(state, request))
-            body = model_class.model_validate(data)
-        except APIError:
-            raise
-        except Exception as e:
-            raise APIError(400, f"the request body is not a valid {model_class.__name__}: {_first_error(e)}") from None
+        body = validated(model_class, json_object(await _read_body(state, request)))
         if body.model is not None and body.model not in state.accepted_names:
             raise APIError(404, f"The model '{body.model}' does not exist", param="model", code="model_not_found")
         return JSONResponse(await state.tokenizers.run(fn, body))
     finally:
         ticket.close()
-
-
-def _first_error(e: Exception) -> str:
-    errors = getattr(e, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        return f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
-    return getattr(e, "msg", type(e).__name__)
 
 
 async def tokenize_route(state: ServerState, request: Request) -> Response:

@@ -27,7 +27,7 @@ import time
 
 from ...errors import require
 from . import serve_peers, serve_rounds
-from .serve_common import _levels, _pct, level_prompts, load_prompts
+from .serve_common import _levels, _pct, level_prompts, load_prompts, streamed_call
 
 
 def register(sub) -> None:
@@ -110,51 +110,13 @@ def register(sub) -> None:
     p.set_defaults(func=run_bench_serve)
 
 
-def _stream(client, model: str, prompt: str, args):
-    """The streaming call of `args.endpoint` for one prompt (a coroutine), and a function from one streamed event to
-    (its text, the answer's output tokens where the event reports them, else None)."""
-    json_object = getattr(args, "json_object", False)
-    if args.endpoint == "responses":
-        shape = {"text": {"format": {"type": "json_object"}}} if json_object else {}
-        call = client.responses.create(
-            model=model, input=prompt, max_output_tokens=args.max_tokens, temperature=0.0, stream=True, **shape
-        )
-
-        def read(event):
-            if event.type == "response.output_text.delta":
-                return event.delta, None
-            usage = event.response.usage if event.type == "response.completed" else None
-            return "", usage.output_tokens if usage else None
-
-        return call, read
-    common = dict(
-        model=model, max_tokens=args.max_tokens, temperature=0.0, stream=True, stream_options={"include_usage": True}
-    )
-    if json_object:
-        common["extra_body"] = {"response_format": {"type": "json_object"}}
-    chat = args.endpoint == "chat"
-    if chat:
-        call = client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
-    else:
-        call = client.completions.create(prompt=prompt, **common)
-
-    def read(chunk):
-        usage = getattr(chunk, "usage", None)
-        tokens = usage.completion_tokens if usage else None
-        if not chunk.choices:
-            return "", tokens
-        return (chunk.choices[0].delta.content if chat else chunk.choices[0].text) or "", tokens
-
-    return call, read
-
-
 async def _one(client, model: str, prompt: str, args) -> dict:
     record = {"ok": False, "ttft": None, "itl": [], "e2e": None, "output_tokens": 0, "error": None}
     start = time.perf_counter()
     last, chunks, usage_tokens = None, 0, None
     try:
         async with asyncio.timeout(getattr(args, "request_timeout", None) or None):  # a stream that never ends
-            call, read = _stream(client, model, prompt, args)
+            call, read = streamed_call(client, model, prompt, args)
             async for event in await call:
                 text, tokens = read(event)
                 if tokens is not None:

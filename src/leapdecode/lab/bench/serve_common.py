@@ -1,4 +1,4 @@
-"""What bench-serve's scenarios share: concurrency levels, the prompts, percentiles."""
+"""What bench-serve's scenarios share: concurrency levels, the prompts, percentiles, one streamed request."""
 
 from __future__ import annotations
 
@@ -41,3 +41,41 @@ def _pct(values: list[float], q: float) -> float | None:
     low = int(pos)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def streamed_call(client, model: str, prompt: str, args):
+    """The streaming call of `args.endpoint` for one prompt (a coroutine), and a function from one streamed event to
+    (its text, the answer's output tokens where the event reports them, else None)."""
+    json_object = getattr(args, "json_object", False)
+    if args.endpoint == "responses":
+        shape = {"text": {"format": {"type": "json_object"}}} if json_object else {}
+        call = client.responses.create(
+            model=model, input=prompt, max_output_tokens=args.max_tokens, temperature=0.0, stream=True, **shape
+        )
+
+        def read(event):
+            if event.type == "response.output_text.delta":
+                return event.delta, None
+            usage = event.response.usage if event.type == "response.completed" else None
+            return "", usage.output_tokens if usage else None
+
+        return call, read
+    common = dict(
+        model=model, max_tokens=args.max_tokens, temperature=0.0, stream=True, stream_options={"include_usage": True}
+    )
+    if json_object:
+        common["extra_body"] = {"response_format": {"type": "json_object"}}
+    chat = args.endpoint == "chat"
+    if chat:
+        call = client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
+    else:
+        call = client.completions.create(prompt=prompt, **common)
+
+    def read(chunk):
+        usage = getattr(chunk, "usage", None)
+        tokens = usage.completion_tokens if usage else None
+        if not chunk.choices:
+            return "", tokens
+        return (chunk.choices[0].delta.content if chat else chunk.choices[0].text) or "", tokens
+
+    return call, read
