@@ -1,5 +1,7 @@
 """On a GPU (skipped without CUDA): the single-request loop and the batched Engine build their tensors on the
-model's device and still return plain greedy decoding's tokens (HF `generate` on the same GPU model)."""
+model's device and still return plain greedy decoding's tokens (HF `generate` on the same GPU model). Off the CPU the
+forward keeps HF's operations: leapdecode's native kernels read CPU memory by address (a CUDA tensor handed to them
+crashed the process on the first GPU host this suite ran on)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,16 @@ from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
 from leapdecode.engine import Engine
+from leapdecode.forward import ModelForward
 from leapdecode.models import resolve_model
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_a_model_off_the_cpu_runs_without_leapdecodes_kernels():
+    """Runs everywhere: the decision is made from where the weights are (the meta device stands in for a GPU)."""
+    assert ModelForward(tiny_model("llama", seed=1)).packed_weights
+    assert not ModelForward(tiny_model("llama", seed=1).to("meta")).packed_weights
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -23,6 +32,7 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+@needs_cuda
 def test_single_request_and_engine_on_cuda(tmp_path):
     target = resolve_model(str(make_tiny_hf_dir(tmp_path / "tiny", context=256)))
     target.model.to("cuda")
@@ -34,6 +44,7 @@ def test_single_request_and_engine_on_cuda(tmp_path):
     assert [r.token_ids for r in engine.generate_many(prompts, max_new_tokens=16)] == expected
 
 
+@needs_cuda
 def test_qwen2_on_cuda_with_a_draft_model():
     target = tiny_model("qwen2", seed=4).to("cuda")
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -208,7 +208,10 @@ def test_the_argmax_heads_native_exact_step_gives_the_panel_kernels_bits_on_ever
     top = low.amax(-1, keepdim=True)
     reach = top - 2 * head.slack * x.norm(dim=-1, keepdim=True) - argmax_head.BF16_ROUNDING * top.abs()
     floor = torch.where(reach >= 0, reach / (1 + argmax_head.BF16_ROUNDING), reach / (1 - argmax_head.BF16_ROUNDING))
-    assert torch.equal(candidates | (low < floor), torch.ones_like(candidates))  # every token it could not rule out
+    # every token it could not rule out; the kernel sums |h| in its own order, so a token within a few ulps of the
+    # floor may fall either side (both sound: the bound's margins are far wider)
+    near = (low - floor).abs() <= 1e-5 * top.abs()
+    assert torch.equal(candidates | (low < floor) | near, torch.ones_like(candidates))
     assert bool((candidates.sum(-1) >= 1).all())
     assert torch.equal(got.argmax(-1), exact.argmax(-1)) and int(got[6].argmax()) == 5
     top = got.gather(1, got.argmax(-1, keepdim=True))

@@ -113,6 +113,12 @@ def test_q4_through_the_cli_and_its_refusal(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "int4 CPU kernels" in err and "Traceback" not in err
 
 
+# A control shows that its test can fail: that many-row attention rounds differently from one-row steps. Where this
+# host's kernels happen to give the same bits both ways (seen on a 16-core Xeon with AMX under torch 2.11), the
+# control has nothing to show, and says so instead of failing.
+CONTROL_SHOWS_NOTHING = "this host's attention gives many rows the bits of one-row steps: the control shows nothing"
+
+
 @pytest.mark.parametrize(
     "rows_alone, attention, same", [(True, "sdpa", True), (False, "sdpa", False), (False, "native", True)]
 )
@@ -136,6 +142,8 @@ def test_q4_verified_rows_get_the_bits_of_one_row_steps(rows_alone, attention, s
         together = runner.forward(rows)
         runner.rollback(len(rows))
         alone = torch.cat([runner.forward([t]) for t in rows])
+    if not same and torch.equal(together, alone):
+        pytest.skip(CONTROL_SHOWS_NOTHING)
     assert torch.equal(together, alone) == same
 
 
@@ -155,4 +163,6 @@ def test_q4_engine_reads_whole_prompts_so_requests_get_the_bits_of_their_solo_de
     engine.scheduler.whole_prompts = whole_prompts
     results = engine.generate_many(prompts, max_new_tokens=12, logprobs=0)
     same = [[lp.logprob for lp in r.logprobs] == [lp.logprob for lp in s] for r, s in zip(results, solo)]
+    if not whole_prompts and all(same):
+        pytest.skip(CONTROL_SHOWS_NOTHING)
     assert all(same) if whole_prompts else not all(same)

@@ -8,7 +8,8 @@ live here once: every row sees exactly its own sequence's past, through the same
 
 Two ways to run the model, chosen once per model: leapdecode's fused decoder forward (kernels.fused_decoder: Llama
 and Qwen2) or the model's own HF forward with leapdecode's attention registered through transformers'
-`AttentionInterface` (every other architecture). `packed_weights=False` keeps HF's forward and `F.linear`.
+`AttentionInterface` (every other architecture). `packed_weights=False` keeps HF's forward and `F.linear`; so does a
+model on another device than the CPU (a GPU): leapdecode's kernels are CPU code that reads tensors by address.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class ModelForward:
 
     def __init__(self, model: torch.nn.Module, packed_weights: bool = True):
         self.model = model
-        self.packed_weights = packed_weights
-        self.decoder = prepare_model(model, packed_weights)
+        self.packed_weights = packed_weights and on_cpu(model)
+        self.decoder = prepare_model(model, self.packed_weights)
         self.rows_alone = rows_alone(model)
 
     @torch.inference_mode()
@@ -58,6 +59,11 @@ class ModelForward:
                     input_ids=ids[None], use_cache=False, position_ids=positions[None], logits_to_keep=keep
                 ).logits[0]
             return logits, captured[-1][0, keep] if captured else None
+
+
+def on_cpu(model: torch.nn.Module) -> bool:
+    """Whether the model's weights are in CPU memory, where leapdecode's native kernels can read them."""
+    return next(model.parameters()).device.type == "cpu"
 
 
 def rows_alone(model: torch.nn.Module) -> bool:
