@@ -236,6 +236,14 @@ def test_tokenize_and_detokenize_as_vllm(server, target):
     chat = post(url, "/tokenize", {"messages": [{"role": "user", "content": "hi w1"}], "return_token_strs": True})
     expected = encode_prompt(target.tokenizer, [{"role": "user", "content": "hi w1"}])
     assert chat.json()["tokens"] == expected and len(chat.json()["token_strs"]) == len(expected)
+    # a prefilled answer: the count is the prompt a chat completion with the same fields reads
+    prefilled = {"messages": [{"role": "user", "content": "hi w1"}, {"role": "assistant", "content": "the w3"}]}
+    prefilled |= {"continue_final_message": True, "add_generation_prompt": False}
+    counted = post(url, "/tokenize", prefilled).json()
+    assert counted["tokens"] == encode_prompt(target.tokenizer, prefilled["messages"], continue_final=True)
+    answered = post(url, "/v1/chat/completions", {**CHAT, **prefilled, "max_tokens": 1}).json()
+    assert answered["usage"]["prompt_tokens"] == counted["count"] != len(expected)
+    error_of(post(url, "/tokenize", {**prefilled, "add_generation_prompt": True}), 400, param="continue_final_message")
     back = post(url, "/detokenize", {"model": "tiny", "tokens": body["tokens"]})
     assert back.status_code == 200 and back.json() == {"prompt": "hello world w3"}
     error_of(post(url, "/detokenize", {"tokens": [10**6]}), 400, param="tokens")

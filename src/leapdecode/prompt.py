@@ -34,6 +34,15 @@ def encode_prompt(
             return tokenizer(prompt, add_special_tokens=True)["input_ids"]
         prompt = [{"role": "user", "content": prompt}]
     require(len(prompt) > 0, "the prompt is empty")
+    text = chat_text(tokenizer, prompt, tools, continue_final, generation_prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def chat_text(
+    tokenizer, messages: Messages, tools: list[dict] | None = None, continue_final: bool = False, generation_prompt=True
+) -> str:
+    """The chat template's text of `messages` (encode_prompt's options; the server's /tokenize renders through
+    here too, so its count is the one a chat completion would use)."""
     require(
         getattr(tokenizer, "chat_template", None) is not None,
         "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead",
@@ -42,5 +51,4 @@ def encode_prompt(
     if continue_final:
         extra["continue_final_message"] = True
     opening = generation_prompt and not continue_final
-    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=opening, tokenize=False, **extra)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer.apply_chat_template(list(messages), add_generation_prompt=opening, tokenize=False, **extra)

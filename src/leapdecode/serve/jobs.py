@@ -9,7 +9,7 @@ from ..errors import LeapDecodeError
 from ..structured import Grammar, StructuredOutput, grammar_for
 from .protocol import APIError
 from .tokenizing import decode, encode_all
-from .tools import ToolChoice, knows_tools, template_message
+from .tools import ToolChoice, knows_tools, template_history
 
 
 async def build_jobs(state, body, chat: bool) -> list[dict]:
@@ -115,7 +115,6 @@ def _prompt_logprobs(body, chat: bool, max_tokens: int) -> int | None:
 
 def _chat(state, body, tools: ToolChoice) -> list[dict]:
     """The call's messages for the chat template; "auto" tool calls need a template that shows the model its tools."""
-    template = getattr(state.engine.tokenizer, "chat_template", None) or ""
     if tools.mode == "auto" and not knows_tools(state.engine.tokenizer):
         raise APIError(
             400,
@@ -123,8 +122,7 @@ def _chat(state, body, tools: ToolChoice) -> list[dict]:
             "use tool_choice 'required' or name a function (the answer then follows the tools' schemas)",
             "tool_choice",
         )
-    renders_calls = "tool_calls" in (template if isinstance(template, str) else str(template))
-    return [template_message(m, i, renders_calls) for i, m in enumerate(body.chat())]
+    return template_history(state.engine.tokenizer, body.chat())
 
 
 def _structured(field: str, spec: dict) -> StructuredOutput:

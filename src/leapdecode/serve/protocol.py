@@ -196,15 +196,19 @@ class ChatCompletionRequest(_Common):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat(self) -> list[dict]:
-        """The messages as the chat template takes them (serve/tools.py puts an assistant's tool_calls in its form)."""
-        out = []
-        for i, m in enumerate(self.messages):
-            message = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
-            for key in ("name", "tool_calls", "tool_call_id"):
-                if getattr(m, key) is not None:
-                    message[key] = getattr(m, key)
-            out.append(message)
-        return out
+        return chat_messages(self.messages)
+
+
+def chat_messages(messages: list[Message]) -> list[dict]:
+    """The messages as the chat template takes them (serve/tools.py puts an assistant's tool_calls in its form)."""
+    out = []
+    for i, m in enumerate(messages):
+        message = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(m, key) is not None:
+                message[key] = getattr(m, key)
+        out.append(message)
+    return out
 
 
 def json_object(raw: bytes) -> dict:

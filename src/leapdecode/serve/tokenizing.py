@@ -20,8 +20,9 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ..errors import LeapDecodeError
-from ..prompt import encode_prompt
-from .protocol import APIError, Message
+from ..prompt import chat_text, encode_prompt
+from .protocol import APIError, Message, chat_messages
+from .tools import ToolChoice, template_history
 
 WORKERS = 2
 
@@ -91,6 +92,8 @@ class TokenizeRequest(BaseModel):
     messages: Optional[list[Message]] = Field(default=None, min_length=1)
     add_special_tokens: Optional[StrictBool] = None
     add_generation_prompt: Optional[StrictBool] = True
+    continue_final_message: Optional[StrictBool] = False
+    tools: Optional[list[dict[str, Any]]] = None
     return_token_strs: Optional[StrictBool] = False
 
 
@@ -106,24 +109,27 @@ def tokenize(tokenizer, body: TokenizeRequest) -> dict:
     if body.prompt is not None:
         ids = tokenizer(body.prompt, add_special_tokens=body.add_special_tokens is not False)["input_ids"]
     else:
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise APIError(400, "messages: the model has no chat template", param="messages")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
-            | ({"name": m.name} if m.name is not None else {})
-            for i, m in enumerate(body.messages)
-        ]
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=body.add_generation_prompt is not False, tokenize=False
-            )
-        except Exception as e:
-            raise APIError(
-                400, f"messages: the chat template refused it: {type(e).__name__}", param="messages"
-            ) from None
-        ids = tokenizer(text, add_special_tokens=bool(body.add_special_tokens))["input_ids"]
+        ids = tokenizer(_chat_text(tokenizer, body), add_special_tokens=bool(body.add_special_tokens))["input_ids"]
     strs: Union[list[str], None] = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
     return {"count": len(ids), "tokens": ids, "token_strs": strs}
+
+
+def _chat_text(tokenizer, body: TokenizeRequest) -> str:
+    """The template's text of the messages, as a chat completion with the same fields renders it."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise APIError(400, "messages: the model has no chat template", param="messages")
+    if body.continue_final_message and body.add_generation_prompt is not False:
+        raise APIError(
+            400, "continue_final_message needs add_generation_prompt set to false", param="continue_final_message"
+        )
+    tools = ToolChoice(body.tools, None, None).template_tools() if body.tools else None
+    messages = template_history(tokenizer, chat_messages(body.messages))
+    try:
+        return chat_text(
+            tokenizer, messages, tools, bool(body.continue_final_message), body.add_generation_prompt is not False
+        )
+    except Exception as e:  # the chat template raised (its own checks, e.g. roles that must alternate)
+        raise APIError(400, f"messages: the chat template refused it: {type(e).__name__}", param="messages") from None
 
 
 def detokenize(tokenizer, body: DetokenizeRequest, vocab: int) -> dict:

@@ -130,6 +130,13 @@ class ToolChoice:
         return _call(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
+def template_history(tokenizer, messages: list[dict]) -> list[dict]:
+    """Chat messages as `tokenizer`'s template takes them (template_message on each)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    renders_calls = "tool_calls" in (template if isinstance(template, str) else str(template))
+    return [template_message(m, i, renders_calls) for i, m in enumerate(messages)]
+
+
 def template_message(message: dict, index: int, template_renders_calls: bool) -> dict:
     """History message `index` as the chat template takes it: an assistant's tool_calls with their arguments as
     objects (HF templates' convention), or, where the template does not render tool_calls, as Hermes text in the
