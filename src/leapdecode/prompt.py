@@ -9,6 +9,12 @@ from typing import Sequence
 from .errors import require
 
 Messages = Sequence[dict]
+# apply_chat_template's own arguments: a template variable of these names would change how it is called, not the text
+RESERVED_VARIABLES = frozenset(
+    ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt", "tokenize",
+     "continue_final_message", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+     "return_assistant_tokens_mask", "tokenizer_kwargs")
+)  # fmt: skip
 
 
 def encode_prompt(
@@ -18,11 +24,15 @@ def encode_prompt(
     tools: list[dict] | None = None,
     continue_final: bool = False,
     generation_prompt: bool = True,
+    documents: list[dict] | None = None,
+    variables: dict | None = None,
 ) -> list[int]:
     """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is.
     A list of token ids is taken as it is. `tools`: function definitions the chat template shows the model.
     `continue_final`: the last message is left open and the answer continues it (a prefilled answer), instead of a new
-    turn; `generation_prompt`: the template's opening of the assistant's turn (vLLM's `add_generation_prompt`)."""
+    turn; `generation_prompt`: the template's opening of the assistant's turn (vLLM's `add_generation_prompt`);
+    `documents`: for a template that renders them (RAG); `variables`: more of the template's variables (vLLM's
+    `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`)."""
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer)
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
@@ -34,12 +44,18 @@ def encode_prompt(
             return tokenizer(prompt, add_special_tokens=True)["input_ids"]
         prompt = [{"role": "user", "content": prompt}]
     require(len(prompt) > 0, "the prompt is empty")
-    text = chat_text(tokenizer, prompt, tools, continue_final, generation_prompt)
+    text = chat_text(tokenizer, prompt, tools, continue_final, generation_prompt, documents, variables)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def chat_text(
-    tokenizer, messages: Messages, tools: list[dict] | None = None, continue_final: bool = False, generation_prompt=True
+    tokenizer,
+    messages: Messages,
+    tools: list[dict] | None = None,
+    continue_final: bool = False,
+    generation_prompt: bool = True,
+    documents: list[dict] | None = None,
+    variables: dict | None = None,
 ) -> str:
     """The chat template's text of `messages` (encode_prompt's options; the server's /tokenize renders through
     here too, so its count is the one a chat completion would use)."""
@@ -47,7 +63,13 @@ def chat_text(
         getattr(tokenizer, "chat_template", None) is not None,
         "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead",
     )
-    extra = {"tools": tools} if tools else {}
+    clash = sorted(RESERVED_VARIABLES & set(variables or ()))
+    require(not clash, f"chat template variables may not be named {', '.join(clash)} (set by their own options)")
+    extra = {**(variables or {})}
+    if tools:
+        extra["tools"] = tools
+    if documents:
+        extra["documents"] = documents
     if continue_final:
         extra["continue_final_message"] = True
     opening = generation_prompt and not continue_final

@@ -38,12 +38,10 @@ COMMON_REFUSED = {
     "bad_words": (_falsy, ""),
     "logits_processors": (_falsy, ""),
     "prompt_logprobs": (_falsy, ""),
-    "truncate_prompt_tokens": (lambda v: v is None, "send a prompt that fits the context"),
     "include_stop_str_in_output": (_falsy, "the text never contains a stop string"),
     "skip_special_tokens": (_neutral(True), "special tokens are always skipped in the text"),
     "spaces_between_special_tokens": (_neutral(True), ""),
     "return_tokens_as_token_ids": (_falsy, ""),
-    "return_token_ids": (_falsy, ""),
     "guided_decoding_backend": (_falsy, "structured output always runs on llguidance"),
     "guided_whitespace_pattern": (_falsy, ""),
     "structural_tag": (_falsy, ""),
@@ -69,9 +67,7 @@ CHAT_REFUSED = {
     "web_search_options": (_falsy, "web search is not supported"),
     "echo": (_falsy, "echo is supported on /v1/completions only"),
     "add_special_tokens": (_neutral(False), "the chat template's text is tokenized as it is"),
-    "documents": (_falsy, ""),
     "chat_template": (_falsy, "the model's own chat template is used"),
-    "chat_template_kwargs": (_falsy, "the model's own chat template is used"),
     "mm_processor_kwargs": (_falsy, ""),
 }
 

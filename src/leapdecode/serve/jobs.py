@@ -41,12 +41,9 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
         structured = _structured(*asked)
         grammar = await state.tokenizers.run(_compile, state.engine, structured, asked[0])
     template_tools = tools.template_tools() if tools is not None else None
-    template = {}
-    if chat:
-        template = dict(
-            continue_final=bool(body.continue_final_message), generation_prompt=body.add_generation_prompt is not False
-        )
-    all_ids = await state.tokenizers.run(lambda tok: encode_all(tok, prompts, chat, param, template_tools, **template))
+    template = body.template_options() if chat else {}
+    encoded = await state.tokenizers.run(lambda tok: encode_all(tok, prompts, chat, param, template_tools, **template))
+    all_ids = [body.truncated(ids, context) for ids in encoded]
     echoes = [""] * len(all_ids)
     if not chat and body.echo:
         echoes = await state.tokenizers.run(lambda tok: [decode(tok, ids) for ids in all_ids])

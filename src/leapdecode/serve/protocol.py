@@ -15,6 +15,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from ..prompt import RESERVED_VARIABLES
 from . import fields
 
 
@@ -81,12 +82,25 @@ class _Common(BaseModel):
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
     request_id: Optional[str] = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    return_token_ids: Optional[StrictBool] = None  # vLLM's: prompt_token_ids and each choice's token_ids
+    truncate_prompt_tokens: Optional[StrictInt] = Field(default=None, ge=-1)  # vLLM's: keep N prompt tokens (-1: all
+    truncation_side: Optional[Literal["left", "right"]] = None  # the context holds); left (default) keeps the last
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a declared field set to something this server cannot do."""
         if self.best_of not in (None, self.n):
             return "best_of", "best_of is not supported by this server; use n"
+        if self.truncate_prompt_tokens == 0:
+            return "truncate_prompt_tokens", "truncate_prompt_tokens must be at least 1 (or -1: the context length)"
         return None
+
+    def truncated(self, ids: list[int], context: int) -> list[int]:
+        """The prompt's token ids as truncate_prompt_tokens and truncation_side keep them."""
+        keep = self.truncate_prompt_tokens
+        if keep is None or len(ids) <= (context if keep == -1 else keep):
+            return ids
+        keep = context if keep == -1 else keep
+        return ids[:keep] if self.truncation_side == "right" else ids[-keep:]
 
     def sequences(self) -> int:
         """Engine requests this call becomes: prompts x n."""
@@ -173,7 +187,34 @@ class Message(BaseModel):
         return "".join(parts)
 
 
-class ChatCompletionRequest(_Common):
+class ChatTemplateFields(BaseModel):
+    """How chat messages are rendered (vLLM's fields; chat completions and /tokenize)."""
+
+    add_generation_prompt: Optional[StrictBool] = True  # the template opens the assistant's turn
+    continue_final_message: Optional[StrictBool] = False  # the answer continues the last message (prefill)
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # more variables for the chat template
+    documents: Optional[list[dict[str, str]]] = None  # for a template that renders them (HF's `documents`)
+
+    def template_problem(self) -> tuple[str, str] | None:
+        """(param, message) for template fields that cannot go together, or None."""
+        if self.continue_final_message and self.add_generation_prompt is not False:
+            return "continue_final_message", "continue_final_message needs add_generation_prompt set to false"
+        clash = sorted(RESERVED_VARIABLES & set(self.chat_template_kwargs or ()))
+        if clash:
+            return "chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(clash)}: use its own field"
+        return None
+
+    def template_options(self) -> dict:
+        """prompt.encode_prompt's template options this request asks for."""
+        return dict(
+            continue_final=bool(self.continue_final_message),
+            generation_prompt=self.add_generation_prompt is not False,
+            documents=self.documents,
+            variables=self.chat_template_kwargs,
+        )
+
+
+class ChatCompletionRequest(_Common, ChatTemplateFields):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Optional[StrictInt] = Field(default=None, ge=1)
     logprobs: Optional[StrictBool] = False
@@ -181,15 +222,11 @@ class ChatCompletionRequest(_Common):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[StrictBool] = None
-    add_generation_prompt: Optional[StrictBool] = True  # vLLM's: the template opens the assistant's turn
-    continue_final_message: Optional[StrictBool] = False  # vLLM's: the answer continues the last message (prefill)
 
     def unsupported(self):
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs set to true"
-        if self.continue_final_message and self.add_generation_prompt is not False:
-            return "continue_final_message", "continue_final_message needs add_generation_prompt set to false"
-        return super().unsupported()
+        return self.template_problem() or super().unsupported()
 
     def num_logprobs(self) -> int | None:
         """Top alternatives per output token the engine reports (None: no logprobs)."""

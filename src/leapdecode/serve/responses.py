@@ -82,6 +82,8 @@ class Run:
         self.failure: APIError | None = None
         self.tools = jobs[0].get("tools") if jobs else None  # serve/tools.ToolChoice: answers read for tool calls
         self.texts = [[] for _ in jobs]  # each choice's text so far, where tool calls hold it back
+        self.return_ids = bool(getattr(body, "return_token_ids", False))  # vLLM's token ids beside the text
+        self.prompt_ids_sent: set[int] = set()
         limits = state.admission.limits
         self.queue_deadline = arrival + limits.queue_timeout if limits.queue_timeout else None
         self.deadline = arrival + limits.request_timeout if limits.request_timeout else None
@@ -247,8 +249,10 @@ class Run:
     async def collect(self) -> dict:
         texts = [[job["echo"]] for job in self.jobs]
         reasons: list = [None] * len(self.jobs)
+        ids: list[list[int]] = [[] for _ in self.jobs]
         async for i, out in self.outputs():
             texts[i].append(out.text)
+            ids[i] += out.new_token_ids
             self.logprobs[i] += self.prompt_entries(i, out) + (out.logprobs or [])
             if out.finished:
                 reasons[i] = _reason(out.finish_reason)
@@ -266,12 +270,14 @@ class Run:
                 choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reasons[i]})
-        return {
-            **self._head(False),
-            "choices": choices,
-            "usage": self.token_usage(),
-            "leapdecode": self.spec(range(len(self.jobs))),
-        }
+            if self.return_ids:
+                choices[-1]["token_ids"] = ids[i]
+                if not self.chat:
+                    choices[-1]["prompt_token_ids"] = self.jobs[i]["prompt_ids"]
+        head = {**self._head(False), "choices": choices}
+        if self.return_ids and self.chat:
+            head["prompt_token_ids"] = self.jobs[0]["prompt_ids"]
+        return {**head, "usage": self.token_usage(), "leapdecode": self.spec(range(len(self.jobs)))}
 
     def tool_calls_of(self, text: str, reason: str | None) -> tuple[str | None, list[dict], str | None]:
         """(content, tool_calls, finish_reason) of a finished chat answer: calls only where tools were asked for and
@@ -282,7 +288,13 @@ class Run:
         return content, calls, "tool_calls" if calls and self.tools.mode != "named" else reason
 
     def _chunk(
-        self, i: int, text: str | None, reason: str | None, role: bool = False, logprobs: dict | None = None
+        self,
+        i: int,
+        text: str | None,
+        reason: str | None,
+        role: bool = False,
+        logprobs: dict | None = None,
+        token_ids: list[int] | None = None,
     ) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
@@ -290,6 +302,12 @@ class Run:
         else:
             choice = {"index": i, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         chunk = {**self._head(True), "choices": [choice]}
+        if self.return_ids:  # vLLM's shape: each delta's ids; the prompt's once (chat: the call's, completions: each
+            choice["token_ids"] = list(token_ids or ())  # choice's), on the first chunk that carries it
+            first = (0 if self.chat else i) not in self.prompt_ids_sent
+            if first:
+                (chunk if self.chat else choice)["prompt_token_ids"] = self.jobs[i]["prompt_ids"]
+                self.prompt_ids_sent.add(0 if self.chat else i)
         if self.include_usage:
             chunk["usage"] = None
         return chunk
@@ -322,15 +340,17 @@ class Run:
                 reason = _reason(out.finish_reason)
                 if self.tools is not None:
                     text, calls, reason = self.tool_calls_of("".join(self.texts[i]), reason)
-                    chunk = self._chunk(i, text, reason, logprobs=logprobs)
+                    chunk = self._chunk(i, text, reason, logprobs=logprobs, token_ids=out.new_token_ids)
                     if calls:
                         chunk["choices"][0]["delta"]["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
                 else:
-                    chunk = self._chunk(i, out.text or (None if self.chat else ""), reason, logprobs=logprobs)
+                    text = out.text or (None if self.chat else "")
+                    chunk = self._chunk(i, text, reason, logprobs=logprobs, token_ids=out.new_token_ids)
                 chunk["leapdecode"] = {"index": i, **self.spec([i])}
                 yield sse(chunk)
-            elif (out.text and self.tools is None) or logprobs:
-                yield sse(self._chunk(i, out.text if self.tools is None else None, None, logprobs=logprobs))
+            elif (out.text and self.tools is None) or logprobs or (self.return_ids and out.new_token_ids):
+                text = out.text if self.tools is None else None
+                yield sse(self._chunk(i, text, None, logprobs=logprobs, token_ids=out.new_token_ids))
         if self.failure:
             yield sse(self.failure.body())
         elif self.include_usage:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ..errors import LeapDecodeError
 from ..prompt import chat_text, encode_prompt
-from .protocol import APIError, Message, chat_messages
+from .protocol import APIError, ChatTemplateFields, Message, chat_messages
 from .tools import ToolChoice, template_history
 
 WORKERS = 2
@@ -85,14 +85,12 @@ def decode(tokenizer, ids: list[int]) -> str:
 # ---- /tokenize and /detokenize (vLLM's shapes) ----------------------------------------------------------------------
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ChatTemplateFields):
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[Message]] = Field(default=None, min_length=1)
     add_special_tokens: Optional[StrictBool] = None
-    add_generation_prompt: Optional[StrictBool] = True
-    continue_final_message: Optional[StrictBool] = False
     tools: Optional[list[dict[str, Any]]] = None
     return_token_strs: Optional[StrictBool] = False
 
@@ -118,16 +116,13 @@ def _chat_text(tokenizer, body: TokenizeRequest) -> str:
     """The template's text of the messages, as a chat completion with the same fields renders it."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise APIError(400, "messages: the model has no chat template", param="messages")
-    if body.continue_final_message and body.add_generation_prompt is not False:
-        raise APIError(
-            400, "continue_final_message needs add_generation_prompt set to false", param="continue_final_message"
-        )
+    problem = body.template_problem()
+    if problem is not None:
+        raise APIError(400, problem[1], param=problem[0])
     tools = ToolChoice(body.tools, None, None).template_tools() if body.tools else None
     messages = template_history(tokenizer, chat_messages(body.messages))
     try:
-        return chat_text(
-            tokenizer, messages, tools, bool(body.continue_final_message), body.add_generation_prompt is not False
-        )
+        return chat_text(tokenizer, messages, tools, **body.template_options())
     except Exception as e:  # the chat template raised (its own checks, e.g. roles that must alternate)
         raise APIError(400, f"messages: the chat template refused it: {type(e).__name__}", param="messages") from None
 

@@ -1,0 +1,128 @@
+"""vLLM's request fields beyond OpenAI's, through HTTP with the `openai` client: `return_token_ids` (the prompt's and
+each choice's token ids, streamed as deltas), `chat_template_kwargs` and `documents` (template variables), and
+`truncate_prompt_tokens` with `truncation_side`. Each answer is compared with `generate` on the same tokens alone."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from live_server import client_of, served
+from tiny_hf import CHAT_TEMPLATE, make_tiny_hf_dir
+
+from leapdecode import generate
+from leapdecode.models import resolve_model
+from leapdecode.prompt import encode_prompt
+
+# the tiny template, with a document list and a variable of its own
+TEMPLATE = CHAT_TEMPLATE.replace(
+    "{% if add_generation_prompt %}",
+    "{% for d in documents or [] %}{{ d['text'] + ' ' }}{% endfor %}{% if shout %}{{ 'w59 w59 ' }}{% endif %}"
+    "{% if add_generation_prompt %}",
+)
+MESSAGES = [{"role": "user", "content": "hello world w1 w2 w3"}]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    loaded = resolve_model(str(make_tiny_hf_dir(tmp_path_factory.mktemp("extras") / "tiny", context=160)))
+    loaded.tokenizer.chat_template = TEMPLATE
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def server(target):
+    with served(target, max_sequences=8) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return client_of(server[0])
+
+
+def alone(target, ids: list[int], n: int):
+    return generate(target, ids, drafter="none", max_new_tokens=n, prefix_cache=False)
+
+
+def test_return_token_ids_chat_and_completions(client, target):
+    prompt_ids = encode_prompt(target.tokenizer, MESSAGES)
+    ref = alone(target, prompt_ids, 12)
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, extra_body={"return_token_ids": True}
+    )
+    assert r.model_extra["prompt_token_ids"] == prompt_ids
+    assert r.choices[0].model_extra["token_ids"] == ref.token_ids and r.choices[0].message.content == ref.text
+    raw = [encode_prompt(target.tokenizer, p, raw=True) for p in ("the w7 w8 a w9", "w10 w11 w12 w10 w11")]
+    c = client.completions.create(
+        model="tiny", prompt=raw, max_tokens=10, temperature=0, extra_body={"return_token_ids": True}
+    )
+    for choice, ids in zip(c.choices, raw):
+        assert choice.model_extra["prompt_token_ids"] == ids
+        assert choice.model_extra["token_ids"] == alone(target, ids, 10).token_ids
+    plain = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0)
+    assert "prompt_token_ids" not in plain.model_extra and "token_ids" not in plain.choices[0].model_extra
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_return_token_ids_streamed_as_deltas_with_the_prompt_once(client, target, chat):
+    """A stop string holds text back, so some chunks carry ids before their text: the ids still add up."""
+    ids = encode_prompt(target.tokenizer, MESSAGES) if chat else encode_prompt(target.tokenizer, "the w7 w8", raw=True)
+    ref = alone(target, ids, 16)
+    stop = target.tokenizer.decode(ref.token_ids[5:7]).strip()
+    options = dict(model="tiny", max_tokens=16, temperature=0, stream=True, stop=[stop] if stop else None)
+    options["extra_body"] = {"return_token_ids": True}
+    if chat:
+        chunks = list(client.chat.completions.create(messages=MESSAGES, **options))
+        carriers = [c for c in chunks if "prompt_token_ids" in (c.model_extra or {})]
+        assert len(carriers) == 1 and carriers[0] is chunks[0] and carriers[0].model_extra["prompt_token_ids"] == ids
+    else:
+        chunks = list(client.completions.create(prompt=ids, **options))
+        carriers = [c for c in chunks if "prompt_token_ids" in (c.choices[0].model_extra or {})]
+        assert len(carriers) == 1 and carriers[0].choices[0].model_extra["prompt_token_ids"] == ids
+    streamed = [t for c in chunks for t in c.choices[0].model_extra["token_ids"]]
+    # the answer's tokens up to the one that completes the stop string's first occurrence
+    upto = next(m for m in range(1, 17) if stop in target.tokenizer.decode(ref.token_ids[:m], skip_special_tokens=True))
+    assert streamed == ref.token_ids[:upto]
+
+
+def test_chat_template_kwargs_and_documents_reach_the_template(server, client, target):
+    url, _ = server
+    documents = [{"title": "a", "text": "w5 w6"}]
+    expected = encode_prompt(target.tokenizer, MESSAGES, documents=documents, variables={"shout": True})
+    assert len(expected) == len(encode_prompt(target.tokenizer, MESSAGES)) + 4
+    ref = alone(target, expected, 8)
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"shout": True}, "documents": documents},
+    )
+    assert r.usage.prompt_tokens == len(expected) and r.choices[0].message.content == ref.text
+    body = {"messages": MESSAGES, "chat_template_kwargs": {"shout": True}, "documents": documents}
+    assert httpx.post(url + "/tokenize", json=body).json()["tokens"] == expected
+    for path in ("/v1/chat/completions", "/tokenize"):
+        bad = httpx.post(url + path, json={"model": "tiny", **body, "chat_template_kwargs": {"tools": []}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs", bad.text
+
+
+def test_truncate_prompt_tokens_keeps_the_last_or_first_tokens(server, client, target):
+    url, _ = server
+    ids = encode_prompt(target.tokenizer, "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12", raw=True)
+    for side, kept in ((None, ids[-5:]), ("left", ids[-5:]), ("right", ids[:5])):
+        extra = {"truncate_prompt_tokens": 5, "return_token_ids": True} | ({"truncation_side": side} if side else {})
+        c = client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0, extra_body=extra)
+        assert c.usage.prompt_tokens == 5 and c.choices[0].model_extra["prompt_token_ids"] == kept
+        assert c.choices[0].text == alone(target, kept, 6).text
+    longer = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=2, temperature=0, extra_body={"truncate_prompt_tokens": 50}
+    )
+    assert longer.usage.prompt_tokens == len(ids)  # a prompt within the limit is kept whole
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt=ids, max_tokens=2, extra_body={"truncate_prompt_tokens": 0})
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": ids, "truncate_prompt_tokens": -1})
+    assert r.status_code == 200, r.text  # -1: as many as the context holds (all of these)
+    assert json.loads(r.text)["usage"]["prompt_tokens"] == len(ids)
