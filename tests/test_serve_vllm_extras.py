@@ -9,6 +9,7 @@ import json
 import httpx
 import openai
 import pytest
+import torch
 from live_server import client_of, served
 from tiny_hf import CHAT_TEMPLATE, make_tiny_hf_dir
 
@@ -126,3 +127,41 @@ def test_truncate_prompt_tokens_keeps_the_last_or_first_tokens(server, client, t
     r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": ids, "truncate_prompt_tokens": -1})
     assert r.status_code == 200, r.text  # -1: as many as the context holds (all of these)
     assert json.loads(r.text)["usage"]["prompt_tokens"] == len(ids)
+
+
+def hf_prompt_logprobs(target, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(target.model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def test_prompt_logprobs_in_vllms_shape_with_ranks(client, target):
+    ids = encode_prompt(target.tokenizer, "the w7 w8 a w9 hello world w1", raw=True)
+    reference = hf_prompt_logprobs(target, ids)
+    c = client.completions.create(model="tiny", prompt=ids, max_tokens=0, extra_body={"prompt_logprobs": 2})
+    scores = c.choices[0].model_extra["prompt_logprobs"]
+    assert c.choices[0].text == "" and scores[0] is None and len(scores) == len(ids)
+    for j in range(1, len(ids)):
+        row, entry = reference[j - 1], scores[j]
+        actual = entry[str(ids[j])]
+        assert abs(actual["logprob"] - float(row[ids[j]])) < 1e-4
+        assert actual["rank"] == int((row > row[ids[j]]).sum()) + 1
+        assert actual["decoded_token"] == target.tokenizer.convert_ids_to_tokens(ids[j])
+        top = row.topk(2).indices.tolist()
+        assert set(entry) == {str(ids[j])} | {str(t) for t in top}
+        assert [entry[str(t)]["rank"] for t in top] == [1, 2]
+
+
+def test_prompt_logprobs_streamed_once_on_chat(client, target):
+    ids = encode_prompt(target.tokenizer, MESSAGES)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, stream=True,
+            extra_body={"prompt_logprobs": 0},
+        )
+    )  # fmt: skip
+    carriers = [c.model_extra["prompt_logprobs"] for c in chunks if "prompt_logprobs" in (c.model_extra or {})]
+    assert len(carriers) == 1 and carriers[0][0] is None
+    assert [list(entry) for entry in carriers[0][1:]] == [[str(t)] for t in ids[1:]]
+    reference = hf_prompt_logprobs(target, ids)
+    got = [entry[str(t)]["logprob"] for entry, t in zip(carriers[0][1:], ids[1:])]
+    assert max(abs(g - float(reference[j, t])) for j, (g, t) in enumerate(zip(got, ids[1:]))) < 1e-4

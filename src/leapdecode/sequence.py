@@ -29,11 +29,13 @@ from .verify import greedy_accept, greedy_accept_ids, speculative_accept
 @dataclass(frozen=True)
 class TokenLogprobs:
     """One output token's log-probability under the target's raw distribution (log_softmax of the logits row that
-    decided it, before temperature, filters and masks), and the `top` most likely tokens' (most likely first)."""
+    decided it, before temperature, filters and masks), the `top` most likely tokens' (most likely first), and its
+    `rank` there (1: the most likely; vLLM's, as its prompt_logprobs report it)."""
 
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 class SequenceState:
@@ -212,13 +214,14 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[To
     """Row i of `logits` decided tokens[i]: its logprob and the `top` most likely tokens', from log_softmax in fp32."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     rows = torch.arange(len(tokens), device=logprobs.device)
-    chosen = logprobs[rows, torch.tensor(tokens, dtype=torch.long, device=logprobs.device)].tolist()
+    chosen_values = logprobs[rows, torch.tensor(tokens, dtype=torch.long, device=logprobs.device)]
+    chosen, ranks = chosen_values.tolist(), ((logprobs > chosen_values[:, None]).sum(-1) + 1).tolist()
     if top:
         values, ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
         tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
     else:
         tops = [()] * len(tokens)
-    return [TokenLogprobs(t, lp, alt) for t, lp, alt in zip(tokens, chosen, tops)]
+    return [TokenLogprobs(t, lp, alt, rank) for t, lp, alt, rank in zip(tokens, chosen, tops, ranks)]
 
 
 def propose_together(seqs: list[SequenceState], ks: list[int]) -> list[list[int]]:

@@ -37,7 +37,6 @@ COMMON_REFUSED = {
     "allowed_token_ids": (_falsy, ""),
     "bad_words": (_falsy, ""),
     "logits_processors": (_falsy, ""),
-    "prompt_logprobs": (_falsy, ""),
     "include_stop_str_in_output": (_falsy, "the text never contains a stop string"),
     "skip_special_tokens": (_neutral(True), "special tokens are always skipped in the text"),
     "spaces_between_special_tokens": (_neutral(True), ""),

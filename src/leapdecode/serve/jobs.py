@@ -103,11 +103,14 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
 
 
 def _prompt_logprobs(body, chat: bool, max_tokens: int) -> int | None:
-    """The engine's prompt_logprobs for an echoed completion: its logprobs setting (the echo carries the prompt's
-    logprobs), or 0 where max_tokens 0 asks for the prompt alone; None otherwise."""
-    if chat or not body.echo:
-        return None
-    return body.logprobs if body.logprobs is not None else (0 if max_tokens == 0 else None)
+    """The engine's prompt_logprobs: vLLM's `prompt_logprobs` field, or for an echoed completion its logprobs
+    setting (the echo carries the prompt's logprobs; 0 where max_tokens 0 asks for the prompt alone), the larger
+    where both ask; None where neither does."""
+    echoed = None
+    if not chat and body.echo:
+        echoed = body.logprobs if body.logprobs is not None else (0 if max_tokens == 0 else None)
+    asked = [n for n in (echoed, body.prompt_logprobs) if n is not None]
+    return max(asked) if asked else None
 
 
 def _chat(state, body, tools: ToolChoice) -> list[dict]:

@@ -83,6 +83,7 @@ class _Common(BaseModel):
     guided_grammar: Optional[str] = None
     request_id: Optional[str] = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
     return_token_ids: Optional[StrictBool] = None  # vLLM's: prompt_token_ids and each choice's token_ids
+    prompt_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)  # vLLM's: each prompt token's, and top N
     truncate_prompt_tokens: Optional[StrictInt] = Field(default=None, ge=-1)  # vLLM's: keep N prompt tokens (-1: all
     truncation_side: Optional[Literal["left", "right"]] = None  # the context holds); left (default) keeps the last
 
@@ -143,8 +144,8 @@ class CompletionRequest(_Common):
     max_tokens: Optional[StrictInt] = Field(default=None, ge=0)  # 0: the echoed prompt alone (scoring it)
 
     def unsupported(self):
-        if self.max_tokens == 0 and not self.echo:
-            return "max_tokens", "max_tokens 0 needs echo (it returns the prompt, with its logprobs if asked)"
+        if self.max_tokens == 0 and not self.echo and self.prompt_logprobs is None:
+            return "max_tokens", "max_tokens 0 needs echo or prompt_logprobs (it scores the prompt alone)"
         return super().unsupported()
 
     def num_logprobs(self) -> int | None:

@@ -229,6 +229,26 @@ class Run:
             "text_offset": offsets,
         }
 
+    async def prompt_logprobs_of(self, out) -> list | None:
+        """vLLM's prompt_logprobs of a choice's first output (None when the call asked for none): None for the first
+        prompt token, then per token {token id: {logprob, rank, decoded_token}} for it and the N most likely."""
+        n = getattr(self.body, "prompt_logprobs", None)
+        if n is None or not out.prompt_logprobs:
+            return None
+        entries = out.prompt_logprobs[1:]
+        strings = await self.state.tokenizers.token_strings(
+            [e.token for e in entries] + [t for e in entries for t, _ in e.top[:n]]
+        )
+
+        def item(logprob: float, rank: int | None, token: int) -> dict:
+            return {"logprob": _finite(logprob), "rank": rank, "decoded_token": strings[token]}
+
+        return [None] + [
+            {str(e.token): item(e.logprob, e.rank, e.token)}
+            | {str(t): item(lp, r, t) for r, (t, lp) in enumerate(e.top[:n], start=1) if t != e.token}
+            for e in entries
+        ]
+
     def prompt_entries(self, i: int, out) -> list[TokenLogprobs]:
         """An echoed prompt's logprobs, carried by choice i's first output (completions with echo and logprobs): its
         first token has none (logprob None, as vLLM and OpenAI answer it)."""
@@ -250,9 +270,12 @@ class Run:
         texts = [[job["echo"]] for job in self.jobs]
         reasons: list = [None] * len(self.jobs)
         ids: list[list[int]] = [[] for _ in self.jobs]
+        scores: list = [None] * len(self.jobs)
         async for i, out in self.outputs():
             texts[i].append(out.text)
             ids[i] += out.new_token_ids
+            if out.prompt_logprobs:
+                scores[i] = await self.prompt_logprobs_of(out)
             self.logprobs[i] += self.prompt_entries(i, out) + (out.logprobs or [])
             if out.finished:
                 reasons[i] = _reason(out.finish_reason)
@@ -274,9 +297,13 @@ class Run:
                 choices[-1]["token_ids"] = ids[i]
                 if not self.chat:
                     choices[-1]["prompt_token_ids"] = self.jobs[i]["prompt_ids"]
+            if scores[i] is not None and not self.chat:
+                choices[-1]["prompt_logprobs"] = scores[i]
         head = {**self._head(False), "choices": choices}
         if self.return_ids and self.chat:
             head["prompt_token_ids"] = self.jobs[0]["prompt_ids"]
+        if scores[0] is not None and self.chat:
+            head["prompt_logprobs"] = scores[0]
         return {**head, "usage": self.token_usage(), "leapdecode": self.spec(range(len(self.jobs)))}
 
     def tool_calls_of(self, text: str, reason: str | None) -> tuple[str | None, list[dict], str | None]:
@@ -295,6 +322,7 @@ class Run:
         role: bool = False,
         logprobs: dict | None = None,
         token_ids: list[int] | None = None,
+        prompt_logprobs: list | None = None,
     ) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
@@ -302,6 +330,8 @@ class Run:
         else:
             choice = {"index": i, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         chunk = {**self._head(True), "choices": [choice]}
+        if prompt_logprobs is not None:  # on the chunk of the choice's first output (chat: on the response)
+            (chunk if self.chat else choice)["prompt_logprobs"] = prompt_logprobs
         if self.return_ids:  # vLLM's shape: each delta's ids; the prompt's once (chat: the call's, completions: each
             choice["token_ids"] = list(token_ids or ())  # choice's), on the first chunk that carries it
             first = (0 if self.chat else i) not in self.prompt_ids_sent
@@ -334,23 +364,23 @@ class Run:
                 yield sse(self._chunk(i, self.jobs[i]["echo"], None, logprobs=prompt))
             # a step's tokens carry their logprobs even when their text is held back (a possible stop string)
             logprobs = await self.logprobs_of(i, out.logprobs) if out.logprobs else None
+            scores = await self.prompt_logprobs_of(out) if not self.chat or i == 0 else None  # chat: one prompt
+            sent = dict(logprobs=logprobs, token_ids=out.new_token_ids, prompt_logprobs=scores)
             if self.tools is not None:  # the text is read for calls once it is whole: held back until then
                 self.texts[i].append(out.text)
             if out.finished:
                 reason = _reason(out.finish_reason)
                 if self.tools is not None:
                     text, calls, reason = self.tool_calls_of("".join(self.texts[i]), reason)
-                    chunk = self._chunk(i, text, reason, logprobs=logprobs, token_ids=out.new_token_ids)
+                    chunk = self._chunk(i, text, reason, **sent)
                     if calls:
                         chunk["choices"][0]["delta"]["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
                 else:
-                    text = out.text or (None if self.chat else "")
-                    chunk = self._chunk(i, text, reason, logprobs=logprobs, token_ids=out.new_token_ids)
+                    chunk = self._chunk(i, out.text or (None if self.chat else ""), reason, **sent)
                 chunk["leapdecode"] = {"index": i, **self.spec([i])}
                 yield sse(chunk)
-            elif (out.text and self.tools is None) or logprobs or (self.return_ids and out.new_token_ids):
-                text = out.text if self.tools is None else None
-                yield sse(self._chunk(i, text, None, logprobs=logprobs, token_ids=out.new_token_ids))
+            elif (out.text and self.tools is None) or logprobs or scores or (self.return_ids and out.new_token_ids):
+                yield sse(self._chunk(i, out.text if self.tools is None else None, None, **sent))
         if self.failure:
             yield sse(self.failure.body())
         elif self.include_usage:
