@@ -44,8 +44,21 @@ class OutputPenalties(LogitsProcessor):
         return scores - self.frequency * counts - self.presence * (counts > 0).float()
 
 
-def hf_greedy(target, prompt_ids, n, repetition=1.0, frequency=0.0, presence=0.0, bias=None) -> list[int]:
+class AllowedTokens:
+    """vLLM's allowed_token_ids as an HF logits processor: every other token's score -inf."""
+
+    def __init__(self, allowed):
+        self.allowed = list(allowed)
+
+    def __call__(self, input_ids, scores):
+        barred = torch.ones(scores.shape[-1], dtype=torch.bool)
+        barred[self.allowed] = False
+        return scores.masked_fill(barred, float("-inf"))
+
+
+def hf_greedy(target, prompt_ids, n, repetition=1.0, frequency=0.0, presence=0.0, bias=None, allowed=None):
     processors = [OutputPenalties(len(prompt_ids), frequency, presence)] if frequency or presence else []
+    processors += [AllowedTokens(allowed)] if allowed else []
     return hf_greedy_with(
         target,
         prompt_ids,
@@ -67,6 +80,9 @@ def naive_row(logits_row, prompt, history, p: Penalties):
     for t in set(history):
         row[t] -= p.frequency * history.count(t)
         row[t] -= p.presence
+    for t in range(len(row)):
+        if p.allowed and t not in p.allowed:
+            row[t] = float("-inf")
     return row
 
 
@@ -78,6 +94,8 @@ def naive_row(logits_row, prompt, history, p: Penalties):
         Penalties(presence=-0.5),
         Penalties(repetition=0.8, frequency=0.4, presence=1.1, logit_bias=((3, 5.0), (9, -100.0))),
         Penalties(logit_bias=((0, 2.5),)),
+        Penalties(allowed=(3, 8, 11, 20)),
+        Penalties(repetition=1.2, logit_bias=((3, 5.0),), allowed=(3, 5, 8)),
     ],
 )
 def test_each_row_is_penalised_for_the_output_and_the_drafts_before_it(p):
@@ -98,6 +116,8 @@ CASES = [
     dict(frequency=-0.3, presence=0.4, repetition=1.2),
     dict(bias={27: -100.0, 6: 3.0}),
     dict(bias={40: 2.0}, repetition=1.3, frequency=0.2),
+    dict(allowed=list(range(20, 64))),
+    dict(allowed=[1, 5, 7, *range(30, 50)], presence=0.5),
 ]
 
 
@@ -107,6 +127,7 @@ def _options(case: dict) -> dict:
         frequency_penalty=case.get("frequency", 0.0),
         presence_penalty=case.get("presence", 0.0),
         logit_bias=case.get("bias"),
+        allowed_token_ids=case.get("allowed"),
     )
 
 
@@ -193,6 +214,10 @@ def test_bad_values_fail_in_one_line(target):
         RequestParams(logit_bias={3: 101})
     with pytest.raises(LeapDecodeError, match="logit_bias"):
         RequestParams(logit_bias={"3": 1.0})
+    with pytest.raises(LeapDecodeError, match="allowed_token_ids"):
+        RequestParams(allowed_token_ids=[3, -1])
+    with pytest.raises(LeapDecodeError, match="allowed_token_ids: token id"):
+        generate(target, RAW, raw=True, allowed_token_ids=[3, 10**6])
     with pytest.raises(LeapDecodeError, match="vocabulary"):
         generate(target, RAW, raw=True, logit_bias={10**6: 1.0})
     engine = Engine(target, drafter="none")

@@ -165,3 +165,23 @@ def test_prompt_logprobs_streamed_once_on_chat(client, target):
     reference = hf_prompt_logprobs(target, ids)
     got = [entry[str(t)]["logprob"] for entry, t in zip(carriers[0][1:], ids[1:])]
     assert max(abs(g - float(reference[j, t])) for j, (g, t) in enumerate(zip(got, ids[1:]))) < 1e-4
+
+
+def test_allowed_token_ids_bound_the_answer(server, client, target):
+    url, _ = server
+    ids = encode_prompt(target.tokenizer, MESSAGES)
+    allowed = list(range(30, 50))
+    ref = generate(target, ids, drafter="none", max_new_tokens=10, prefix_cache=False, allowed_token_ids=allowed)
+    assert set(ref.token_ids) <= set(allowed) and ref.token_ids != alone(target, ids, 10).token_ids
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"allowed_token_ids": allowed, "return_token_ids": True},
+    )
+    assert r.choices[0].model_extra["token_ids"] == ref.token_ids
+    for bad in ([], [10**6]):
+        body = {"model": "tiny", "messages": MESSAGES, "allowed_token_ids": bad}
+        refused = httpx.post(url + "/v1/chat/completions", json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "allowed_token_ids", refused.text

@@ -53,8 +53,9 @@ class RequestParams:
     for every output token, its log-probability and that of the `logprobs` most likely tokens (0: the chosen token's
     only; None: none) under the target model's raw distribution (log_softmax of its logits, before temperature and
     any filter or mask, as vLLM's default `raw_logprobs`). `repetition_penalty`, `frequency_penalty`,
-    `presence_penalty` and `logit_bias` ({token id: bias}) as vLLM applies them (penalties.Penalties); like the
-    sampling settings they change the distribution plain and speculative decoding both draw from.
+    `presence_penalty`, `logit_bias` ({token id: bias}) and `allowed_token_ids` (the only tokens the output may hold)
+    as vLLM applies them (penalties.Penalties); like the sampling settings they change the distribution plain and
+    speculative decoding both draw from.
     `prompt_logprobs`: report, for every prompt token after the first, its log-probability given the tokens before it
     and that of the `prompt_logprobs` most likely tokens there (vLLM's `prompt_logprobs`; the Engine only): the prompt
     is then read whole from its first token (no cached prefix) and `max_new_tokens` may be 0 (scoring alone).
@@ -78,6 +79,7 @@ class RequestParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
     structured_output: StructuredOutput | dict | None = None
     sampling: SamplingConfig = field(init=False, repr=False, compare=False)
     penalties: Penalties = field(init=False, repr=False, compare=False)
@@ -137,14 +139,17 @@ class RequestParams:
             frequency=self.frequency_penalty,
             presence=self.presence_penalty,
             logit_bias=tuple(dict(bias or {}).items()),
+            allowed=tuple(self.allowed_token_ids or ()),
         )
         object.__setattr__(self, "penalties", penalties)
         object.__setattr__(self, "structured_output", StructuredOutput.of(self.structured_output))
 
     def check_vocab(self, vocab: int) -> None:
-        """Fail in one line where the request names a token the tokenizer does not have (logit_bias)."""
+        """Fail in one line where the request names a token the tokenizer does not have (logit_bias, allowed ids)."""
         bad = next((t for t, _ in self.penalties.logit_bias if t >= vocab), None)
         require(bad is None, f"logit_bias: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
+        bad = next((t for t in self.penalties.allowed if t >= vocab), None)
+        require(bad is None, f"allowed_token_ids: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
 
     def state_options(self) -> dict:
         """SequenceState's keyword arguments besides the sampling settings and max_new_tokens: where the output may

@@ -1,5 +1,6 @@
-"""Repetition, frequency and presence penalties and a fixed logit bias, as vLLM applies them (OpenAI's
-`frequency_penalty`, `presence_penalty`, `logit_bias`; vLLM's and HF's `repetition_penalty`).
+"""Repetition, frequency and presence penalties, a fixed logit bias and a set of allowed tokens, as vLLM applies them
+(OpenAI's `frequency_penalty`, `presence_penalty`, `logit_bias`; vLLM's and HF's `repetition_penalty`, vLLM's
+`allowed_token_ids`).
 
 They change the logits a row samples from by what came before that row, so they are part of the target distribution,
 not a filter on the output: under speculation, row i of a verification scores the token after the output so far plus
@@ -9,8 +10,9 @@ from plain sampling's distribution, penalties included.
 
 Order (vLLM's sampler, and HF's processors for the two it has): the bias is added first; then a token seen in the
 prompt or the output has a positive logit divided by `repetition`, a negative one multiplied by it; then each output
-token's logit loses `frequency` times its count and `presence` once. Temperature and the top-k/top-p/min-p filters
-come after (sampling.probabilities).
+token's logit loses `frequency` times its count and `presence` once. A token outside `allowed` (when given) is
+ruled out (-inf: no finite step above changes that, so its place in the order does not matter). Temperature and the
+top-k/top-p/min-p filters come after (sampling.probabilities).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ MAX_BIAS = 100.0  # OpenAI's range for a logit_bias value
 
 @dataclass(frozen=True)
 class Penalties:
-    """`logit_bias`: (token id, bias) pairs added to those tokens' logits at every position."""
+    """`logit_bias`: (token id, bias) pairs added to those tokens' logits at every position; `allowed`: the only
+    tokens that may be produced (empty: any)."""
 
     repetition: float = 1.0
     frequency: float = 0.0
     presence: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("repetition", "frequency", "presence"):
@@ -54,10 +58,17 @@ class Penalties:
                 f"logit_bias: the bias of token {token} must be a number in [-100, 100], got {value!r}",
             )
         object.__setattr__(self, "logit_bias", tuple(sorted((t, float(v)) for t, v in bias.items())))
+        require(
+            isinstance(self.allowed, (list, tuple)) and all(type(t) is int and t >= 0 for t in self.allowed),
+            f"allowed_token_ids must be a list of token ids (integers >= 0), got {self.allowed!r}",
+        )
+        object.__setattr__(self, "allowed", tuple(sorted(set(self.allowed))))
 
     @property
     def active(self) -> bool:
-        return self.repetition != 1 or self.frequency != 0 or self.presence != 0 or bool(self.logit_bias)
+        return (
+            self.repetition != 1 or self.frequency != 0 or self.presence != 0 or bool(self.logit_bias or self.allowed)
+        )
 
     @property
     def needs_prompt(self) -> bool:
@@ -76,6 +87,11 @@ class Penalties:
             ids = [t for t, _ in self.logit_bias]
             require(max(ids) < vocab, f"logit_bias: token id {max(ids)} is outside the model's {vocab} logits")
             logits[:, ids] += torch.tensor([b for _, b in self.logit_bias], device=logits.device)
+        if self.allowed:
+            require(self.allowed[-1] < vocab, f"allowed_token_ids: {self.allowed[-1]} is outside the model's logits")
+            barred = torch.ones(vocab, dtype=torch.bool, device=logits.device)
+            barred[list(self.allowed)] = False
+            logits.masked_fill_(barred, -math.inf)
         if self.repetition == 1 and self.frequency == 0 and self.presence == 0:
             return logits
         # counts[i]: how often each token occurs in out + draft[:i]

@@ -34,7 +34,6 @@ def _neutral(*values):
 COMMON_REFUSED = {
     "length_penalty": (_neutral(1), "it applies to beam search, which this server does not do"),
     "use_beam_search": (_falsy, "beam search is not supported"),
-    "allowed_token_ids": (_falsy, ""),
     "bad_words": (_falsy, ""),
     "logits_processors": (_falsy, ""),
     "include_stop_str_in_output": (_falsy, "the text never contains a stop string"),

@@ -27,9 +27,10 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     if stop is not None and not all(stop):
         raise APIError(400, "stop: stop strings must not be empty", param="stop")
     vocab = state.tokenizers.vocab
-    bad = next((t for t in body.stop_token_ids or () if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise APIError(400, f"stop_token_ids: {bad} is outside the vocabulary of {vocab}", param="stop_token_ids")
+    for field in ("stop_token_ids", "allowed_token_ids"):
+        bad = next((t for t in getattr(body, field) or () if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"{field}: {bad} is outside the vocabulary of {vocab}", param=field)
     logit_bias = _logit_bias(body.logit_bias, vocab)
     asked = body.structured()
     if tools is not None and tools.structured():
@@ -95,6 +96,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         frequency_penalty=float(body.frequency_penalty or 0.0),
                         presence_penalty=float(body.presence_penalty or 0.0),
                         logit_bias=logit_bias,
+                        allowed_token_ids=tuple(body.allowed_token_ids or ()),
                         structured_output=structured,
                     ),
                 )

@@ -70,6 +70,7 @@ class _Common(BaseModel):
     min_p: Optional[Number] = Field(default=None, ge=0.0, le=1.0)
     min_tokens: Optional[StrictInt] = Field(default=None, ge=0)
     stop_token_ids: Optional[list[StrictInt]] = None
+    allowed_token_ids: Optional[list[StrictInt]] = Field(default=None, min_length=1)  # vLLM's: the only tokens out
     ignore_eos: Optional[StrictBool] = None
     frequency_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
