@@ -161,8 +161,8 @@ REFUSED = [
     ("/v1/completions", {"length_penalty": 0.5}, "length_penalty"),
     ("/v1/completions", {"bad_words": ["x"]}, "bad_words"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
-    ("/v1/completions", {"include_stop_str_in_output": True}, "include_stop_str_in_output"),
-    ("/v1/completions", {"skip_special_tokens": False}, "skip_special_tokens"),
+    ("/v1/completions", {"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+    ("/v1/completions", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ("/v1/completions", {"priority": 3}, "priority"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
 ]

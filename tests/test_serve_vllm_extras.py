@@ -185,3 +185,30 @@ def test_allowed_token_ids_bound_the_answer(server, client, target):
         body = {"model": "tiny", "messages": MESSAGES, "allowed_token_ids": bad}
         refused = httpx.post(url + "/v1/chat/completions", json=body)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "allowed_token_ids", refused.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_stop_str_in_output_keeps_the_stop_string(client, target, stream):
+    ids = encode_prompt(target.tokenizer, MESSAGES)
+    ref = alone(target, ids, 16)
+    stop = target.tokenizer.decode(ref.token_ids[5:7]).strip()
+    at = ref.text.find(stop)
+    assert stop and at > 0
+    options = dict(model="tiny", messages=MESSAGES, max_tokens=16, temperature=0, stop=[stop], stream=stream)
+    for include, expected in ((True, ref.text[: at + len(stop)]), (False, ref.text[:at])):
+        r = client.chat.completions.create(**options, extra_body={"include_stop_str_in_output": include})
+        text = "".join(c.choices[0].delta.content or "" for c in r) if stream else r.choices[0].message.content
+        assert text == expected
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text(client, target):
+    ids = encode_prompt(target.tokenizer, "w3 w4 hello", raw=True)
+    eos_id, eos = target.tokenizer.eos_token_id, target.tokenizer.eos_token
+    extra = {"ignore_eos": True, "logit_bias": {str(eos_id): 100}}  # the end token, four times over
+    options = dict(model="tiny", prompt=ids, max_tokens=4, temperature=0, echo=True)
+    kept = client.completions.create(**options, extra_body={**extra, "skip_special_tokens": False})
+    echo, answer = (target.tokenizer.decode(t, skip_special_tokens=False) for t in (ids, [eos_id] * 4))
+    assert kept.choices[0].text == echo + answer  # the echo, then the answer (each decoded alone, as vLLM does)
+    assert kept.choices[0].text.count(eos) == 4
+    skipped = client.completions.create(**options, extra_body=extra)
+    assert skipped.choices[0].text == target.tokenizer.decode(ids, skip_special_tokens=True)

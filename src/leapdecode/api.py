@@ -89,7 +89,7 @@ def generate(
         grammar=grammar,
         **params.state_options(),
     )
-    text = target.tokenizer.decode(tokens, skip_special_tokens=True)
+    text = target.tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens)
     return GenerationResult(
         text=text,
         token_ids=tokens,

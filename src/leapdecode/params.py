@@ -59,6 +59,8 @@ class RequestParams:
     `prompt_logprobs`: report, for every prompt token after the first, its log-probability given the tokens before it
     and that of the `prompt_logprobs` most likely tokens there (vLLM's `prompt_logprobs`; the Engine only): the prompt
     is then read whole from its first token (no cached prefix) and `max_new_tokens` may be 0 (scoring alone).
+    `include_stop_str_in_output`: the text keeps the stop string that ended it (vLLM's; by default it is cut before
+    it); `skip_special_tokens`: False keeps special tokens (e.g. a template's tags) in the text.
     `structured_output`: a grammar every output follows (structured.StructuredOutput, or vLLM's dict: {"json":
     schema}, {"json_object": True}, {"regex": ...}, {"choice": [...]}, {"grammar": ...})."""
 
@@ -80,6 +82,8 @@ class RequestParams:
     presence_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: tuple[int, ...] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     structured_output: StructuredOutput | dict | None = None
     sampling: SamplingConfig = field(init=False, repr=False, compare=False)
     penalties: Penalties = field(init=False, repr=False, compare=False)
@@ -108,7 +112,8 @@ class RequestParams:
             f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}",
         )
         object.__setattr__(self, "stop_token_ids", tuple(ids))
-        require(isinstance(self.ignore_eos, bool), f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            require(isinstance(getattr(self, name), bool), f"{name} must be true or false, got {getattr(self, name)!r}")
         require(
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_new_tokens,
             f"min_tokens must be an integer in [0, max_new_tokens={self.max_new_tokens}], got {self.min_tokens!r}",

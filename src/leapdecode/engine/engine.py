@@ -172,7 +172,13 @@ class Engine:
             len(prompt_ids) < self.context_length,
             f"the prompt has {len(prompt_ids)} tokens but {self.name} has a context of {self.context_length}",
         )
-        text = TextStream(self.tokenizer, params.stop, self._tokenizer_lock)
+        text = TextStream(
+            self.tokenizer,
+            params.stop,
+            self._tokenizer_lock,
+            params.include_stop_str_in_output,
+            params.skip_special_tokens,
+        )
         with self._lock:
             request = Request(next(self._ids), prompt_ids, params, text, on_output, grammar)
             self._requests[request.id] = request

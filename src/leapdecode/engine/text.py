@@ -4,8 +4,8 @@ Detokenizing is incremental, as vLLM does it: each new token is decoded inside a
 (a token's text can depend on its neighbours, e.g. a leading space or a multi-byte character split over tokens), never
 by re-decoding the whole output. Text is released only once it is final: a tail that could still grow into a stop
 string is held back, and so is an incomplete UTF-8 character (the tokenizer shows it as U+FFFD). A stop string ends
-the request at the token that completes it; the text never contains it, which is what plain decoding followed by
-cutting at the stop string gives.
+the request at the token that completes it; the text is cut before it (or, with `include_stop`, right after it), which
+is what plain decoding followed by cutting at the stop string gives. `skip_special`: special tokens leave no text.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ REPLACEMENT = "\ufffd"
 
 
 class TextStream:
-    def __init__(self, tokenizer, stop: tuple[str, ...] | list[str] = (), lock=None):
+    def __init__(self, tokenizer, stop=(), lock=None, include_stop: bool = False, skip_special: bool = True):
         self.tokenizer, self.stop = tokenizer, tuple(stop)
+        self.include_stop, self.skip_special = include_stop, skip_special
         self.lock = lock or contextlib.nullcontext()  # held around every use of the (shared) tokenizer
         self.ids: list[int] = []
         self.text = ""  # the request's text so far, cut before a stop string once one is found
@@ -43,8 +44,8 @@ class TextStream:
     def _append(self, token_ids: list[int]) -> None:
         self.ids += token_ids
         with self.lock:
-            window = self.tokenizer.decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
-            full = self.tokenizer.decode(self.ids[self._prefix :], skip_special_tokens=True)
+            window = self.tokenizer.decode(self.ids[self._prefix : self._read], skip_special_tokens=self.skip_special)
+            full = self.tokenizer.decode(self.ids[self._prefix :], skip_special_tokens=self.skip_special)
         new = full[len(window) :] if full.startswith(window) else full
         self._pending = new
         if new and not new.endswith(REPLACEMENT):
@@ -53,10 +54,14 @@ class TextStream:
             self._prefix, self._read = self._read, len(self.ids)
 
     def _stop_at(self) -> int | None:
-        """Index of the first stop string in the text, looking only where a new one can have appeared."""
+        """Where the text ends at the first stop string in it (before it, or after it with `include_stop`), looking
+        only where a new one can have appeared; None where there is none."""
         start = max(0, self.emitted - max(map(len, self.stop)))
-        found = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        return min(found) if found else None
+        found = [(i, -len(s)) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        if not found:
+            return None
+        at, minus_length = min(found)  # the first; of stop strings found there, the longest
+        return at - minus_length if self.include_stop else at
 
     def release(self, final: bool = False) -> str:
         """The text that became final since the last call (all that is left, when `final`)."""

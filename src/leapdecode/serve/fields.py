@@ -36,8 +36,6 @@ COMMON_REFUSED = {
     "use_beam_search": (_falsy, "beam search is not supported"),
     "bad_words": (_falsy, ""),
     "logits_processors": (_falsy, ""),
-    "include_stop_str_in_output": (_falsy, "the text never contains a stop string"),
-    "skip_special_tokens": (_neutral(True), "special tokens are always skipped in the text"),
     "spaces_between_special_tokens": (_neutral(True), ""),
     "return_tokens_as_token_ids": (_falsy, ""),
     "guided_decoding_backend": (_falsy, "structured output always runs on llguidance"),

@@ -47,7 +47,8 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     all_ids = [body.truncated(ids, context) for ids in encoded]
     echoes = [""] * len(all_ids)
     if not chat and body.echo:
-        echoes = await state.tokenizers.run(lambda tok: [decode(tok, ids) for ids in all_ids])
+        skip = body.skip_special_tokens is not False
+        echoes = await state.tokenizers.run(lambda tok: [decode(tok, ids, skip) for ids in all_ids])
     jobs = []
     for ids, echo in zip(all_ids, echoes):
         room = context - len(ids)
@@ -97,6 +98,8 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         presence_penalty=float(body.presence_penalty or 0.0),
                         logit_bias=logit_bias,
                         allowed_token_ids=tuple(body.allowed_token_ids or ()),
+                        include_stop_str_in_output=bool(body.include_stop_str_in_output),
+                        skip_special_tokens=body.skip_special_tokens is not False,
                         structured_output=structured,
                     ),
                 )

@@ -72,6 +72,8 @@ class _Common(BaseModel):
     stop_token_ids: Optional[list[StrictInt]] = None
     allowed_token_ids: Optional[list[StrictInt]] = Field(default=None, min_length=1)  # vLLM's: the only tokens out
     ignore_eos: Optional[StrictBool] = None
+    include_stop_str_in_output: Optional[StrictBool] = None  # vLLM's: the text keeps the stop string that ended it
+    skip_special_tokens: Optional[StrictBool] = None  # vLLM's: false keeps special tokens in the text
     frequency_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: Optional[Number] = Field(default=None, gt=0.0)

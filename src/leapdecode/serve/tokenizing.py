@@ -78,8 +78,8 @@ def encode_all(tokenizer, prompts: list, chat: bool, param: str, tools: list[dic
     return out
 
 
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=True)
+def decode(tokenizer, ids: list[int], skip_special: bool = True) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=skip_special)
 
 
 # ---- /tokenize and /detokenize (vLLM's shapes) ----------------------------------------------------------------------
