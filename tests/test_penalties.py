@@ -1,5 +1,6 @@
-"""Repetition, frequency and presence penalties and logit_bias: the same logits as HF `generate` (its
-`repetition_penalty` and `sequence_bias`, and a processor of vLLM's frequency/presence formula written here), and
+"""Repetition, frequency and presence penalties, logit_bias, allowed token ids and bad words: the same logits as HF
+`generate` (its `repetition_penalty` and `sequence_bias`, and processors of vLLM's frequency/presence formula, allowed
+ids and bad words written here), and
 lossless under speculation: a verified row is penalised for the drafted tokens before it, so greedy output and seeded
 sampling give exactly plain decoding's tokens, alone and in the batched Engine, for every drafter and arrival order."""
 
@@ -56,9 +57,25 @@ class AllowedTokens:
         return scores.masked_fill(barred, float("-inf"))
 
 
-def hf_greedy(target, prompt_ids, n, repetition=1.0, frequency=0.0, presence=0.0, bias=None, allowed=None):
+class BadWords:
+    """vLLM's bad words as an HF logits processor: a word's last token -inf where its other tokens end the output
+    (HF's NoBadWordsLogitsProcessor also looks into the prompt; vLLM does not)."""
+
+    def __init__(self, prompt_length: int, words):
+        self.prompt_length, self.words = prompt_length, [tuple(w) for w in words]
+
+    def __call__(self, input_ids, scores):
+        out = tuple(input_ids[0, self.prompt_length :].tolist())
+        for word in self.words:
+            if len(word) - 1 <= len(out) and out[len(out) - len(word) + 1 :] == word[:-1]:
+                scores[:, word[-1]] = float("-inf")
+        return scores
+
+
+def hf_greedy(target, prompt_ids, n, repetition=1.0, frequency=0.0, presence=0.0, bias=None, allowed=None, bad=()):
     processors = [OutputPenalties(len(prompt_ids), frequency, presence)] if frequency or presence else []
     processors += [AllowedTokens(allowed)] if allowed else []
+    processors += [BadWords(len(prompt_ids), bad)] if bad else []
     return hf_greedy_with(
         target,
         prompt_ids,
@@ -83,6 +100,11 @@ def naive_row(logits_row, prompt, history, p: Penalties):
     for t in range(len(row)):
         if p.allowed and t not in p.allowed:
             row[t] = float("-inf")
+    for word in p.bad_words:
+        if len(word) == 1 or (
+            len(history) >= len(word) - 1 and history[len(history) - len(word) + 1 :] == list(word[:-1])
+        ):
+            row[word[-1]] = float("-inf")
     return row
 
 
@@ -96,6 +118,7 @@ def naive_row(logits_row, prompt, history, p: Penalties):
         Penalties(logit_bias=((0, 2.5),)),
         Penalties(allowed=(3, 8, 11, 20)),
         Penalties(repetition=1.2, logit_bias=((3, 5.0),), allowed=(3, 5, 8)),
+        Penalties(bad_words=((8, 3), (11,), (5, 8, 3), (2, 8, 8, 8, 8, 8, 8, 8))),
     ],
 )
 def test_each_row_is_penalised_for_the_output_and_the_drafts_before_it(p):
@@ -143,6 +166,24 @@ def test_greedy_with_penalties_is_hf_greedy_for_every_drafter(target, case, argm
         assert got.token_ids == expected, (drafter, case)
         if isinstance(drafter, OracleDrafter):  # long drafts verified with the penalties on, some accepted
             assert got.stats.accepted_draft_tokens >= 10
+
+
+def test_greedy_without_bad_words_is_hf_greedy_for_every_drafter(target):
+    """Ban a token pair and a token of plain greedy's answer: the answer changes, and every drafter gives HF's."""
+    prompt_ids = encode_prompt(target.tokenizer, RAW, raw=True)
+    plain = hf_greedy(target, prompt_ids, 40)
+    words = [target.tokenizer.decode(plain[3:5]), target.tokenizer.decode(plain[10:11])]
+    banned = [tuple(target.tokenizer.encode(w, add_special_tokens=False)) for w in words]
+    assert banned == [tuple(plain[3:5]), tuple(plain[10:11])]
+    expected = hf_greedy(target, prompt_ids, 40, bad=banned)
+    assert expected != plain
+    for drafter in (*DRAFTERS, *oracles(expected), OracleDrafter(plain)):
+        got = generate(target, RAW, raw=True, drafter=drafter, max_new_tokens=40, bad_words=words)
+        assert got.token_ids == expected, drafter
+    engine = Engine(target, drafter="prompt-lookup", max_batch_tokens=8)
+    outs = run(engine, [(0, prompt_ids, 40, dict(bad_words=words)), (1, prompt_ids, 40, {})])
+    assert [t for o in outs[0] for t in o.new_token_ids] == expected
+    assert [t for o in outs[1] for t in o.new_token_ids] == plain
 
 
 def oracles(reference: list[int]) -> list[OracleDrafter]:

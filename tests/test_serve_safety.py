@@ -159,7 +159,7 @@ REFUSED = [
     ("/v1/completions", {"max_tokens": 0}, "max_tokens"),  # the prompt alone needs echo
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
     ("/v1/completions", {"length_penalty": 0.5}, "length_penalty"),
-    ("/v1/completions", {"bad_words": ["x"]}, "bad_words"),
+    ("/v1/completions", {"bad_words": [""]}, "bad_words"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ("/v1/completions", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),

@@ -212,3 +212,18 @@ def test_skip_special_tokens_false_keeps_them_in_the_text(client, target):
     assert kept.choices[0].text.count(eos) == 4
     skipped = client.completions.create(**options, extra_body=extra)
     assert skipped.choices[0].text == target.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_bad_words_are_never_completed(server, client, target):
+    url, _ = server
+    ids = encode_prompt(target.tokenizer, MESSAGES)
+    plain = alone(target, ids, 12)
+    words = [target.tokenizer.decode(plain.token_ids[2:4])]
+    ref = generate(target, ids, drafter="none", max_new_tokens=12, prefix_cache=False, bad_words=words)
+    assert ref.token_ids != plain.token_ids and words[0] not in ref.text
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, extra_body={"bad_words": words}
+    )
+    assert r.choices[0].message.content == ref.text
+    refused = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "bad_words": [" "]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "bad_words", refused.text

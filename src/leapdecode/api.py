@@ -61,7 +61,7 @@ def generate(
     require(params.prompt_logprobs is None, "generate does not score prompts: use the Engine for `prompt_logprobs`")
     target = resolve_model(model, tokenizer, dtype)
     prompt_ids = encode_prompt(target.tokenizer, prompt, params.raw)
-    params.check_vocab(len(target.tokenizer))
+    params.prepare(target.tokenizer)
     grammar = grammar_for(params.structured_output, target)
     context = target.context_length
     require(

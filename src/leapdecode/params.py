@@ -9,11 +9,11 @@ them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from .controller import DraftLengthController
 from .errors import require
-from .penalties import Penalties
+from .penalties import Penalties, bad_word_ids
 from .sampling import SamplingConfig
 from .structured import StructuredOutput
 
@@ -59,7 +59,8 @@ class RequestParams:
     `prompt_logprobs`: report, for every prompt token after the first, its log-probability given the tokens before it
     and that of the `prompt_logprobs` most likely tokens there (vLLM's `prompt_logprobs`; the Engine only): the prompt
     is then read whole from its first token (no cached prefix) and `max_new_tokens` may be 0 (scoring alone).
-    `include_stop_str_in_output`: the text keeps the stop string that ended it (vLLM's; by default it is cut before
+    `bad_words`: words the output may not contain (vLLM's: each word's tokens, alone and after a space; the last
+    token is ruled out where the others end the output). `include_stop_str_in_output`: the text keeps the stop string that ended it (vLLM's; by default it is cut before
     it); `skip_special_tokens`: False keeps special tokens (e.g. a template's tags) in the text.
     `structured_output`: a grammar every output follows (structured.StructuredOutput, or vLLM's dict: {"json":
     schema}, {"json_object": True}, {"regex": ...}, {"choice": [...]}, {"grammar": ...})."""
@@ -82,6 +83,7 @@ class RequestParams:
     presence_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured_output: StructuredOutput | dict | None = None
@@ -105,6 +107,11 @@ class RequestParams:
             "stop must be a non-empty string or a list of non-empty strings",
         )
         object.__setattr__(self, "stop", tuple(stop or ()))
+        require(
+            isinstance(self.bad_words, (list, tuple)) and all(isinstance(w, str) and w.strip() for w in self.bad_words),
+            f"bad_words must be a list of non-empty strings, got {self.bad_words!r}",
+        )
+        object.__setattr__(self, "bad_words", tuple(self.bad_words))
         require(_is_number(self.min_p), f"min_p must be a number, got {self.min_p!r}")
         ids = self.stop_token_ids
         require(
@@ -148,6 +155,14 @@ class RequestParams:
         )
         object.__setattr__(self, "penalties", penalties)
         object.__setattr__(self, "structured_output", StructuredOutput.of(self.structured_output))
+
+    def prepare(self, tokenizer) -> None:
+        """Fail in one line where the request names a token the tokenizer does not have (logit_bias, allowed ids);
+        put the bad words' token sequences in the penalties."""
+        self.check_vocab(len(tokenizer))
+        if self.bad_words:
+            words = tuple(bad_word_ids(tokenizer, self.bad_words))
+            object.__setattr__(self, "penalties", replace(self.penalties, bad_words=words))
 
     def check_vocab(self, vocab: int) -> None:
         """Fail in one line where the request names a token the tokenizer does not have (logit_bias, allowed ids)."""

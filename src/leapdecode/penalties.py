@@ -1,6 +1,6 @@
 """Repetition, frequency and presence penalties, a fixed logit bias and a set of allowed tokens, as vLLM applies them
 (OpenAI's `frequency_penalty`, `presence_penalty`, `logit_bias`; vLLM's and HF's `repetition_penalty`, vLLM's
-`allowed_token_ids`).
+`allowed_token_ids` and `bad_words`).
 
 They change the logits a row samples from by what came before that row, so they are part of the target distribution,
 not a filter on the output: under speculation, row i of a verification scores the token after the output so far plus
@@ -11,7 +11,7 @@ from plain sampling's distribution, penalties included.
 Order (vLLM's sampler, and HF's processors for the two it has): the bias is added first; then a token seen in the
 prompt or the output has a positive logit divided by `repetition`, a negative one multiplied by it; then each output
 token's logit loses `frequency` times its count and `presence` once. A token outside `allowed` (when given) is
-ruled out (-inf: no finite step above changes that, so its place in the order does not matter). Temperature and the
+ruled out, and so is the last token of a bad word whose other tokens end the output so far (-inf: no finite step above changes that, so its place in the order does not matter). Temperature and the
 top-k/top-p/min-p filters come after (sampling.probabilities).
 """
 
@@ -30,13 +30,14 @@ MAX_BIAS = 100.0  # OpenAI's range for a logit_bias value
 @dataclass(frozen=True)
 class Penalties:
     """`logit_bias`: (token id, bias) pairs added to those tokens' logits at every position; `allowed`: the only
-    tokens that may be produced (empty: any)."""
+    tokens that may be produced (empty: any); `bad_words`: token sequences the output may not complete."""
 
     repetition: float = 1.0
     frequency: float = 0.0
     presence: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed: tuple[int, ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("repetition", "frequency", "presence"):
@@ -67,7 +68,10 @@ class Penalties:
     @property
     def active(self) -> bool:
         return (
-            self.repetition != 1 or self.frequency != 0 or self.presence != 0 or bool(self.logit_bias or self.allowed)
+            self.repetition != 1
+            or self.frequency != 0
+            or self.presence != 0
+            or bool(self.logit_bias or self.allowed or self.bad_words)
         )
 
     @property
@@ -92,6 +96,11 @@ class Penalties:
             barred = torch.ones(vocab, dtype=torch.bool, device=logits.device)
             barred[list(self.allowed)] = False
             logits.masked_fill_(barred, -math.inf)
+        for row in range(rows if self.bad_words else 0):  # a bad word's last token where its others end the output
+            history = out + draft[:row]
+            for word in self.bad_words:
+                if len(word) - 1 <= len(history) and tuple(history[len(history) - len(word) + 1 :]) == word[:-1]:
+                    logits[row, word[-1]] = -math.inf
         if self.repetition == 1 and self.frequency == 0 and self.presence == 0:
             return logits
         # counts[i]: how often each token occurs in out + draft[:i]
@@ -114,6 +123,19 @@ class Penalties:
 
 
 NO_PENALTIES = Penalties()
+
+
+def bad_word_ids(tokenizer, words) -> list[tuple[int, ...]]:
+    """Each word's token sequence, and (vLLM's rule) its sequence after a space where that is another word of as many
+    tokens: so a word is ruled out at the start of the text and inside it."""
+    out = []
+    for word in words:
+        alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        out.append(alone)
+        if alone and spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+            out.append(spaced)
+    return [w for w in out if w]
 
 
 def prompt_mask(prompt_ids: list[int], vocab: int) -> torch.Tensor:

@@ -165,7 +165,7 @@ class Engine:
         params = RequestParams.of(params, **options)
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, params.raw)
-            params.check_vocab(len(self.tokenizer))
+            params.prepare(self.tokenizer)
             if grammar is None:
                 grammar = grammar_for(params.structured_output, self.target)
         require(

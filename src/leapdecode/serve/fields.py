@@ -34,7 +34,6 @@ def _neutral(*values):
 COMMON_REFUSED = {
     "length_penalty": (_neutral(1), "it applies to beam search, which this server does not do"),
     "use_beam_search": (_falsy, "beam search is not supported"),
-    "bad_words": (_falsy, ""),
     "logits_processors": (_falsy, ""),
     "spaces_between_special_tokens": (_neutral(True), ""),
     "return_tokens_as_token_ids": (_falsy, ""),

@@ -32,6 +32,8 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
         if bad is not None:
             raise APIError(400, f"{field}: {bad} is outside the vocabulary of {vocab}", param=field)
     logit_bias = _logit_bias(body.logit_bias, vocab)
+    if not all(word.strip() for word in body.bad_words or ()):
+        raise APIError(400, "bad_words: a word must not be empty", param="bad_words")
     asked = body.structured()
     if tools is not None and tools.structured():
         if asked:
@@ -98,6 +100,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         presence_penalty=float(body.presence_penalty or 0.0),
                         logit_bias=logit_bias,
                         allowed_token_ids=tuple(body.allowed_token_ids or ()),
+                        bad_words=tuple(body.bad_words or ()),
                         include_stop_str_in_output=bool(body.include_stop_str_in_output),
                         skip_special_tokens=body.skip_special_tokens is not False,
                         structured_output=structured,

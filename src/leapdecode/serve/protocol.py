@@ -71,6 +71,7 @@ class _Common(BaseModel):
     min_tokens: Optional[StrictInt] = Field(default=None, ge=0)
     stop_token_ids: Optional[list[StrictInt]] = None
     allowed_token_ids: Optional[list[StrictInt]] = Field(default=None, min_length=1)  # vLLM's: the only tokens out
+    bad_words: Optional[list[str]] = None  # vLLM's: words the answer may not contain
     ignore_eos: Optional[StrictBool] = None
     include_stop_str_in_output: Optional[StrictBool] = None  # vLLM's: the text keeps the stop string that ended it
     skip_special_tokens: Optional[StrictBool] = None  # vLLM's: false keeps special tokens in the text

@@ -364,7 +364,8 @@ class Run:
                 yield sse(self._chunk(i, self.jobs[i]["echo"], None, logprobs=prompt))
             # a step's tokens carry their logprobs even when their text is held back (a possible stop string)
             logprobs = await self.logprobs_of(i, out.logprobs) if out.logprobs else None
-            scores = await self.prompt_logprobs_of(out) if not self.chat or i == 0 else None  # chat: one prompt
+            first_scores = out.prompt_logprobs and (not self.chat or i == 0)  # chat: one prompt, scored once
+            scores = await self.prompt_logprobs_of(out) if first_scores else None
             sent = dict(logprobs=logprobs, token_ids=out.new_token_ids, prompt_logprobs=scores)
             if self.tools is not None:  # the text is read for calls once it is whole: held back until then
                 self.texts[i].append(out.text)
