@@ -227,3 +227,24 @@ def test_bad_words_are_never_completed(server, client, target):
     assert r.choices[0].message.content == ref.text
     refused = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "bad_words": [" "]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "bad_words", refused.text
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(client, target, chat):
+    ids = encode_prompt(target.tokenizer, MESSAGES) if chat else encode_prompt(target.tokenizer, "the w7 w8", raw=True)
+    ref = alone(target, ids, 6)
+    extra = {"return_tokens_as_token_ids": True}
+    if chat:
+        r = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2,
+            extra_body=extra,
+        )  # fmt: skip
+        content = r.choices[0].logprobs.content
+        assert [c.token for c in content] == [f"token_id:{t}" for t in ref.token_ids]
+        assert all(a.token.startswith("token_id:") for c in content for a in c.top_logprobs)
+    else:
+        r = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=6, temperature=0, logprobs=2, extra_body=extra
+        )
+        assert r.choices[0].logprobs.tokens == [f"token_id:{t}" for t in ref.token_ids]
+        assert r.choices[0].text == ref.text  # the text itself is unchanged

@@ -36,7 +36,6 @@ COMMON_REFUSED = {
     "use_beam_search": (_falsy, "beam search is not supported"),
     "logits_processors": (_falsy, ""),
     "spaces_between_special_tokens": (_neutral(True), ""),
-    "return_tokens_as_token_ids": (_falsy, ""),
     "guided_decoding_backend": (_falsy, "structured output always runs on llguidance"),
     "guided_whitespace_pattern": (_falsy, ""),
     "structural_tag": (_falsy, ""),

@@ -87,6 +87,7 @@ class _Common(BaseModel):
     guided_grammar: Optional[str] = None
     request_id: Optional[str] = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
     return_token_ids: Optional[StrictBool] = None  # vLLM's: prompt_token_ids and each choice's token_ids
+    return_tokens_as_token_ids: Optional[StrictBool] = None  # vLLM's: logprobs name tokens "token_id:{id}"
     prompt_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)  # vLLM's: each prompt token's, and top N
     truncate_prompt_tokens: Optional[StrictInt] = Field(default=None, ge=-1)  # vLLM's: keep N prompt tokens (-1: all
     truncation_side: Optional[Literal["left", "right"]] = None  # the context holds); left (default) keeps the last

@@ -82,7 +82,7 @@ class Run:
         self.failure: APIError | None = None
         self.tools = jobs[0].get("tools") if jobs else None  # serve/tools.ToolChoice: answers read for tool calls
         self.texts = [[] for _ in jobs]  # each choice's text so far, where tool calls hold it back
-        self.return_ids = bool(getattr(body, "return_token_ids", False))  # vLLM's token ids beside the text
+        self.return_ids = bool(body.return_token_ids)  # vLLM's token ids beside the text
         self.prompt_ids_sent: set[int] = set()
         limits = state.admission.limits
         self.queue_deadline = arrival + limits.queue_timeout if limits.queue_timeout else None
@@ -203,11 +203,12 @@ class Run:
         entries = entries or []
         ids = [e.token for e in entries] + [t for e in entries for t, _ in e.top]
         strings = await self.state.tokenizers.token_strings(ids)
+        shown = {t: f"token_id:{t}" for t in ids} if self.body.return_tokens_as_token_ids else strings  # vLLM's
         n = self.num_logprobs
         if self.chat:
 
             def item(token: int, logprob: float) -> dict:
-                text = strings[token]
+                text = shown[token]
                 return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
 
             content = [
@@ -219,11 +220,11 @@ class Run:
             offsets.append(self.offsets[i])
             self.offsets[i] += len(strings[e.token])
         return {
-            "tokens": [strings[e.token] for e in entries],
+            "tokens": [shown[e.token] for e in entries],
             "token_logprobs": [_finite(e.logprob) for e in entries],
             # vLLM's shape: the chosen token, then the n most likely (a dict: up to n + 1 entries)
             "top_logprobs": [
-                None if e.logprob is None else {strings[t]: _finite(lp) for t, lp in ((e.token, e.logprob), *e.top[:n])}
+                None if e.logprob is None else {shown[t]: _finite(lp) for t, lp in ((e.token, e.logprob), *e.top[:n])}
                 for e in entries
             ],
             "text_offset": offsets,
@@ -232,7 +233,7 @@ class Run:
     async def prompt_logprobs_of(self, out) -> list | None:
         """vLLM's prompt_logprobs of a choice's first output (None when the call asked for none): None for the first
         prompt token, then per token {token id: {logprob, rank, decoded_token}} for it and the N most likely."""
-        n = getattr(self.body, "prompt_logprobs", None)
+        n = self.body.prompt_logprobs
         if n is None or not out.prompt_logprobs:
             return None
         entries = out.prompt_logprobs[1:]
