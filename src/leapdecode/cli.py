@@ -59,6 +59,9 @@ def add_generate(sub) -> None:
     p.add_argument("--kv-budget", type=float, default=1.0, help="fraction of the prompt's KV entries to keep (0, 1]")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     p.add_argument(
+        "--suffix", help="the text after the answer: a code model fills in the middle between the prompt and this"
+    )
+    p.add_argument(
         "--hf-kernels", action="store_true", help="HF's forward and F.linear instead of leapdecode's kernels (slower)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -80,6 +83,10 @@ def run_generate(args) -> int:
     require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     target = resolve_model(args.model, dtype=args.dtype)
+    if args.suffix is not None:
+        from .prompt import fill_in_the_middle
+
+        prompt = fill_in_the_middle(target.tokenizer, prompt, args.suffix)
     press = None
     if args.kv_press:
         from .kv import make_press

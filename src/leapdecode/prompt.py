@@ -74,3 +74,27 @@ def chat_text(
         extra["continue_final_message"] = True
     opening = generation_prompt and not continue_final
     return tokenizer.apply_chat_template(list(messages), add_generation_prompt=opening, tokenize=False, **extra)
+
+
+# fill-in-the-middle tokens, prefix / suffix / middle: Qwen2.5-Coder's, then StarCoder's (and models trained like it)
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+
+
+def fim_token_ids(tokenizer) -> tuple[int, int, int] | None:
+    """The tokenizer's fill-in-the-middle tokens (prefix, suffix, middle), or None where it has none."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    for names in FIM_TOKENS:
+        ids = tokenizer.convert_tokens_to_ids(list(names))
+        if all(isinstance(i, int) and i != unknown for i in ids):
+            return tuple(ids)
+    return None
+
+
+def fill_in_the_middle(tokenizer, prefix: str, suffix: str) -> list[int]:
+    """Token ids that ask a code model for the text between `prefix` and `suffix` (prefix-suffix-middle order, as
+    Qwen2.5-Coder and StarCoder were trained): what an editor's completion sends as a prompt and OpenAI's `suffix`."""
+    ids = fim_token_ids(tokenizer)
+    require(ids is not None, "this model has no fill-in-the-middle tokens (<|fim_prefix|>... or <fim_prefix>...)")
+    before, after, middle = ids
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return [before, *encode(prefix), after, *encode(suffix), middle]

@@ -45,7 +45,6 @@ COMMON_REFUSED = {
 }
 
 COMPLETIONS_REFUSED = {
-    "suffix": (_falsy, ""),
     "prompt_embeds": (_falsy, ""),
     "add_special_tokens": (_neutral(True), "the prompt is always tokenized with the tokenizer's special tokens"),
 }

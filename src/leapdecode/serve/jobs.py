@@ -8,7 +8,7 @@ import asyncio
 from ..errors import LeapDecodeError
 from ..structured import Grammar, StructuredOutput, grammar_for
 from .protocol import APIError
-from .tokenizing import decode, encode_all
+from .tokenizing import decode, encode_all, fim_all
 from .tools import ToolChoice, knows_tools, template_history
 
 
@@ -45,7 +45,12 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
         grammar = await state.tokenizers.run(_compile, state.engine, structured, asked[0])
     template_tools = tools.template_tools() if tools is not None else None
     template = body.template_options() if chat else {}
-    encoded = await state.tokenizers.run(lambda tok: encode_all(tok, prompts, chat, param, template_tools, **template))
+    if not chat and body.suffix:
+        encoded = await state.tokenizers.run(lambda tok: fim_all(tok, prompts, body.suffix))
+    else:
+        encoded = await state.tokenizers.run(
+            lambda tok: encode_all(tok, prompts, chat, param, template_tools, **template)
+        )
     all_ids = [body.truncated(ids, context) for ids in encoded]
     echoes = [""] * len(all_ids)
     if not chat and body.echo:

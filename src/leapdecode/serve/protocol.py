@@ -147,8 +147,11 @@ class CompletionRequest(_Common):
     echo: Optional[StrictBool] = False
     logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
     max_tokens: Optional[StrictInt] = Field(default=None, ge=0)  # 0: the echoed prompt alone (scoring it)
+    suffix: Optional[str] = None  # the text after the completion: fill-in-the-middle (prompt.fill_in_the_middle)
 
     def unsupported(self):
+        if self.suffix and self.echo:
+            return "suffix", "suffix and echo do not go together (the answer is the middle, not a continuation)"
         if self.max_tokens == 0 and not self.echo and self.prompt_logprobs is None:
             return "max_tokens", "max_tokens 0 needs echo or prompt_logprobs (it scores the prompt alone)"
         return super().unsupported()

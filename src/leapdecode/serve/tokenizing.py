@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ..errors import LeapDecodeError
-from ..prompt import chat_text, encode_prompt
+from ..prompt import chat_text, encode_prompt, fill_in_the_middle
 from .protocol import APIError, ChatTemplateFields, Message, chat_messages
 from .tools import ToolChoice, template_history
 
@@ -75,6 +75,19 @@ def encode_all(tokenizer, prompts: list, chat: bool, param: str, tools: list[dic
         if not ids:
             raise APIError(400, f"{where}: the prompt is empty", param=param)
         out.append(ids)
+    return out
+
+
+def fim_all(tokenizer, prompts: list, suffix: str) -> list[list[int]]:
+    """Token ids of each (text) prompt followed by `suffix`, as a fill-in-the-middle request (completions' suffix)."""
+    out = []
+    for prompt in prompts:
+        if not isinstance(prompt, str):
+            raise APIError(400, "suffix: the prompt must be text, not token ids", param="suffix")
+        try:
+            out.append(fill_in_the_middle(tokenizer, prompt, suffix))
+        except LeapDecodeError as e:
+            raise APIError(400, f"suffix: {e}", param="suffix") from None
     return out
 
 
