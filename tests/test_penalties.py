@@ -21,7 +21,7 @@ from leapdecode.engine import Engine
 from leapdecode.errors import LeapDecodeError
 from leapdecode.models import resolve_model
 from leapdecode.params import RequestParams
-from leapdecode.penalties import Penalties, prompt_mask
+from leapdecode.penalties import Penalties, bad_word_ids, prompt_mask
 from leapdecode.prompt import encode_prompt
 
 RAW = "w1 w7"  # raw, greedy: loops without an end of sequence (test_request_options), so penalties bite
@@ -72,7 +72,12 @@ class BadWords:
         return scores
 
 
-def hf_greedy(target, prompt_ids, n, repetition=1.0, frequency=0.0, presence=0.0, bias=None, allowed=None, bad=()):
+def hf_greedy(
+    target, prompt_ids, n, repetition=1.0, frequency=0.0, presence=0.0, bias=None, allowed=None, bad=(), words=()
+):
+    """HF greedy with the processors; `bad`: token sequences to rule out, `words`: bad words as text (tokenized by
+    the rule test_greedy_without_bad_words_is_hf_greedy_for_every_drafter checks)."""
+    bad = [*bad, *bad_word_ids(target.tokenizer, words)]
     processors = [OutputPenalties(len(prompt_ids), frequency, presence)] if frequency or presence else []
     processors += [AllowedTokens(allowed)] if allowed else []
     processors += [BadWords(len(prompt_ids), bad)] if bad else []
@@ -141,6 +146,7 @@ CASES = [
     dict(bias={40: 2.0}, repetition=1.3, frequency=0.2),
     dict(allowed=list(range(20, 64))),
     dict(allowed=[1, 5, 7, *range(30, 50)], presence=0.5),
+    dict(words=["w44 w55", "w9"], frequency=0.3),  # words of RAW's plain greedy answer
 ]
 
 
@@ -151,6 +157,7 @@ def _options(case: dict) -> dict:
         presence_penalty=case.get("presence", 0.0),
         logit_bias=case.get("bias"),
         allowed_token_ids=case.get("allowed"),
+        bad_words=case.get("words", ()),
     )
 
 
