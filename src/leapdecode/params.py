@@ -60,8 +60,9 @@ class RequestParams:
     and that of the `prompt_logprobs` most likely tokens there (vLLM's `prompt_logprobs`; the Engine only): the prompt
     is then read whole from its first token (no cached prefix) and `max_new_tokens` may be 0 (scoring alone).
     `bad_words`: words the output may not contain (vLLM's: each word's tokens, alone and after a space; the last
-    token is ruled out where the others end the output). `include_stop_str_in_output`: the text keeps the stop string that ended it (vLLM's; by default it is cut before
-    it); `skip_special_tokens`: False keeps special tokens (e.g. a template's tags) in the text.
+    token is ruled out where the others end the output). `include_stop_str_in_output`: the text keeps the stop
+    string that ended it (vLLM's; by default it is cut before it); `skip_special_tokens`: False keeps special tokens
+    (e.g. a template's tags) in the text.
     `structured_output`: a grammar every output follows (structured.StructuredOutput, or vLLM's dict: {"json":
     schema}, {"json_object": True}, {"regex": ...}, {"choice": [...]}, {"grammar": ...})."""
 

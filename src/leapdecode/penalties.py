@@ -11,8 +11,9 @@ from plain sampling's distribution, penalties included.
 Order (vLLM's sampler, and HF's processors for the two it has): the bias is added first; then a token seen in the
 prompt or the output has a positive logit divided by `repetition`, a negative one multiplied by it; then each output
 token's logit loses `frequency` times its count and `presence` once. A token outside `allowed` (when given) is
-ruled out, and so is the last token of a bad word whose other tokens end the output so far (-inf: no finite step above changes that, so its place in the order does not matter). Temperature and the
-top-k/top-p/min-p filters come after (sampling.probabilities).
+ruled out, and so is the last token of a bad word whose other tokens end the output so far (-inf: no finite step
+above changes that, so its place in the order does not matter). Temperature and the top-k/top-p/min-p filters come
+after (sampling.probabilities).
 """
 
 from __future__ import annotations

@@ -89,8 +89,9 @@ class _Common(BaseModel):
     return_token_ids: Optional[StrictBool] = None  # vLLM's: prompt_token_ids and each choice's token_ids
     return_tokens_as_token_ids: Optional[StrictBool] = None  # vLLM's: logprobs name tokens "token_id:{id}"
     prompt_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)  # vLLM's: each prompt token's, and top N
-    truncate_prompt_tokens: Optional[StrictInt] = Field(default=None, ge=-1)  # vLLM's: keep N prompt tokens (-1: all
-    truncation_side: Optional[Literal["left", "right"]] = None  # the context holds); left (default) keeps the last
+    # vLLM's: keep N prompt tokens (-1: as many as the context holds), the last N (left, the default) or the first
+    truncate_prompt_tokens: Optional[StrictInt] = Field(default=None, ge=-1)
+    truncation_side: Optional[Literal["left", "right"]] = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a declared field set to something this server cannot do."""
@@ -102,10 +103,9 @@ class _Common(BaseModel):
 
     def truncated(self, ids: list[int], context: int) -> list[int]:
         """The prompt's token ids as truncate_prompt_tokens and truncation_side keep them."""
-        keep = self.truncate_prompt_tokens
-        if keep is None or len(ids) <= (context if keep == -1 else keep):
+        keep = context if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+        if keep is None or len(ids) <= keep:
             return ids
-        keep = context if keep == -1 else keep
         return ids[:keep] if self.truncation_side == "right" else ids[-keep:]
 
     def sequences(self) -> int:

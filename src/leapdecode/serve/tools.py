@@ -7,8 +7,9 @@ whatever the model and its template (as vLLM does for these two choices). "requi
 both as compact JSON (free whitespace is where a weak model loops until max_tokens).
 `"auto"` (OpenAI's default when tools are given) needs a chat template that shows the model its tools; the model's
 text is then read for Hermes-style calls (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, the format of
-Qwen2.5's template, whose tags are special tokens and so absent from the text: an answer that is nothing but such
-objects is read as calls too): calls to declared tools become `tool_calls`, the rest stays `content`. `"none"`: the tools are ignored.
+Qwen2.5's template, whose tags are special tokens and so absent from the text unless `skip_special_tokens` is false:
+an answer that is nothing but such objects is read as calls too): calls to declared tools become `tool_calls`, the
+rest stays `content`. `"none"`: the tools are ignored.
 Grammar or not, decoding is the same step rule, so the lossless guarantee holds under speculation.
 
 History: assistant messages with `tool_calls` and `tool` messages go to the template as HF templates take them
