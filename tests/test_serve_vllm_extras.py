@@ -301,3 +301,13 @@ def test_qwen_coder_fills_in_the_middle_through_the_server():
     with served(target) as (url, _):
         r = client_of(url).completions.create(model="tiny", prompt=prefix, suffix=suffix, max_tokens=16, temperature=0)
     assert r.choices[0].text == ref.text
+
+
+def test_a_bounded_number_of_bad_words(server):
+    from leapdecode.serve.protocol import MAX_BAD_WORDS
+
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2, "bad_words": ["w3"] * (MAX_BAD_WORDS + 1)}
+    r = httpx.post(server[0] + "/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words", r.text
+    body["bad_words"] = body["bad_words"][:MAX_BAD_WORDS]
+    assert httpx.post(server[0] + "/v1/chat/completions", json=body).status_code == 200

@@ -50,6 +50,7 @@ class StreamOptions(BaseModel):
 
 
 Number = Union[StrictInt, float]
+MAX_BAD_WORDS = 128
 
 
 class _Common(BaseModel):
@@ -71,7 +72,8 @@ class _Common(BaseModel):
     min_tokens: Optional[StrictInt] = Field(default=None, ge=0)
     stop_token_ids: Optional[list[StrictInt]] = None
     allowed_token_ids: Optional[list[StrictInt]] = Field(default=None, min_length=1)  # vLLM's: the only tokens out
-    bad_words: Optional[list[str]] = None  # vLLM's: words the answer may not contain
+    # vLLM's: words the answer may not contain; bounded, since every step checks each against each verified row
+    bad_words: Optional[list[str]] = Field(default=None, max_length=MAX_BAD_WORDS)
     ignore_eos: Optional[StrictBool] = None
     include_stop_str_in_output: Optional[StrictBool] = None  # vLLM's: the text keeps the stop string that ended it
     skip_special_tokens: Optional[StrictBool] = None  # vLLM's: false keeps special tokens in the text
