@@ -311,3 +311,20 @@ def test_a_bounded_number_of_bad_words(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words", r.text
     body["bad_words"] = body["bad_words"][:MAX_BAD_WORDS]
     assert httpx.post(server[0] + "/v1/chat/completions", json=body).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_reason_names_the_stop_string_or_token(client, target, stream):
+    ids = encode_prompt(target.tokenizer, MESSAGES)
+    ref = alone(target, ids, 16)
+    stop = target.tokenizer.decode(ref.token_ids[5:7]).strip()
+    options = dict(model="tiny", messages=MESSAGES, max_tokens=16, temperature=0, stream=stream)
+
+    def stop_reason(**more):
+        r = client.chat.completions.create(**{**options, **more})
+        last = [c for c in r if c.choices and c.choices[0].finish_reason][-1] if stream else r
+        return last.choices[0].finish_reason, last.choices[0].model_extra["stop_reason"]
+
+    assert stop_reason(stop=[stop, "w59 w59 w59"]) == ("stop", stop)
+    assert stop_reason(extra_body={"stop_token_ids": [ref.token_ids[3]]}) == ("stop", ref.token_ids[3])
+    assert stop_reason(max_tokens=2) == ("length", None)

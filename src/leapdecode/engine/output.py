@@ -24,6 +24,9 @@ def request_output(accepted: Accepted) -> RequestOutput:
         seq.stats.stop_reason = "stop"
     finished = seq.finished
     first = seq.stats.forward_passes == 1  # the step that read the prompt's end
+    stop_reason = None
+    if finished and seq.stats.stop_reason == "stop":  # a stop string, else a stop token id (not the end of sequence)
+        stop_reason = request.text.stopped_by if request.text.stopped else seq.out[-1]
     return RequestOutput(
         request.id,
         new,
@@ -36,6 +39,7 @@ def request_output(accepted: Accepted) -> RequestOutput:
         prompt_logprobs=[None, *request.prompt_scores]
         if first and request.params.prompt_logprobs is not None
         else None,
+        stop_reason=stop_reason,
     )
 
 

@@ -21,7 +21,8 @@ class RequestOutput:
     `stats`; a request that failed has finish_reason "error" and the reason in `error`. `logprobs`: one
     TokenLogprobs per new token when the request asked for them (RequestParams.logprobs), else None.
     `prompt_logprobs`: with RequestParams.prompt_logprobs, on the request's first output: None for the prompt's first
-    token, then one TokenLogprobs per prompt token."""
+    token, then one TokenLogprobs per prompt token. `stop_reason` (vLLM's): on a last output that a stop string or a
+    stop token id ended, that string or id (None otherwise, the end of sequence included)."""
 
     request_id: int
     new_token_ids: list[int]
@@ -33,6 +34,7 @@ class RequestOutput:
     error: str | None = None  # set (with finish_reason "error") when this request failed; others went on
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    stop_reason: str | int | None = None
 
 
 class Request:

@@ -24,6 +24,7 @@ class TextStream:
         self.text = ""  # the request's text so far, cut before a stop string once one is found
         self.emitted = 0  # characters of `text` already released
         self.stopped = False
+        self.stopped_by: str | None = None  # the stop string that ended the text
         self._prefix = 0  # ids[_prefix:_read] is the window of already-decoded tokens the next token is decoded in
         self._read = 0
         self._pending = ""  # decoded text of ids[_read:] not yet taken (it ends in an incomplete character)
@@ -35,8 +36,9 @@ class TextStream:
             return len(token_ids)
         for used, token in enumerate(token_ids, 1):
             self._append([token])
-            cut = self._stop_at()
-            if cut is not None:
+            found = self._stop_at()
+            if found is not None:
+                cut, self.stopped_by = found
                 self.text, self.stopped = self.text[:cut], True
                 return used
         return len(token_ids)
@@ -53,15 +55,15 @@ class TextStream:
             self._pending = ""
             self._prefix, self._read = self._read, len(self.ids)
 
-    def _stop_at(self) -> int | None:
-        """Where the text ends at the first stop string in it (before it, or after it with `include_stop`), looking
-        only where a new one can have appeared; None where there is none."""
+    def _stop_at(self) -> tuple[int, str] | None:
+        """(where the text ends, the stop string) for the first stop string in the text (it ends before it, or after
+        it with `include_stop`), looking only where a new one can have appeared; None where there is none."""
         start = max(0, self.emitted - max(map(len, self.stop)))
-        found = [(i, -len(s)) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        found = [(i, -len(s), s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
         if not found:
             return None
-        at, minus_length = min(found)  # the first; of stop strings found there, the longest
-        return at - minus_length if self.include_stop else at
+        at, _, stop = min(found)  # the first; of stop strings found there, the longest
+        return (at + len(stop) if self.include_stop else at), stop
 
     def release(self, final: bool = False) -> str:
         """The text that became final since the last call (all that is left, when `final`)."""

@@ -272,6 +272,7 @@ class Run:
         reasons: list = [None] * len(self.jobs)
         ids: list[list[int]] = [[] for _ in self.jobs]
         scores: list = [None] * len(self.jobs)
+        stops: list = [None] * len(self.jobs)  # vLLM's stop_reason: the stop string or token id that ended it
         async for i, out in self.outputs():
             texts[i].append(out.text)
             ids[i] += out.new_token_ids
@@ -279,7 +280,7 @@ class Run:
                 scores[i] = await self.prompt_logprobs_of(out)
             self.logprobs[i] += self.prompt_entries(i, out) + (out.logprobs or [])
             if out.finished:
-                reasons[i] = _reason(out.finish_reason)
+                reasons[i], stops[i] = _reason(out.finish_reason), out.stop_reason
         if self.failure:
             raise self.failure
         choices = []
@@ -294,6 +295,7 @@ class Run:
                 choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reasons[i]})
+            choices[-1]["stop_reason"] = stops[i]
             if self.return_ids:
                 choices[-1]["token_ids"] = ids[i]
                 if not self.chat:
@@ -379,6 +381,7 @@ class Run:
                         chunk["choices"][0]["delta"]["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
                 else:
                     chunk = self._chunk(i, out.text or (None if self.chat else ""), reason, **sent)
+                chunk["choices"][0]["stop_reason"] = out.stop_reason
                 chunk["leapdecode"] = {"index": i, **self.spec([i])}
                 yield sse(chunk)
             elif (out.text and self.tools is None) or logprobs or scores or (self.return_ids and out.new_token_ids):
