@@ -328,3 +328,23 @@ def test_stop_reason_names_the_stop_string_or_token(client, target, stream):
     assert stop_reason(stop=[stop, "w59 w59 w59"]) == ("stop", stop)
     assert stop_reason(extra_body={"stop_token_ids": [ref.token_ids[3]]}) == ("stop", ref.token_ids[3])
     assert stop_reason(max_tokens=2) == ("length", None)
+
+
+def test_continuous_usage_stats_count_in_every_chunk(client, target):
+    ids = encode_prompt(target.tokenizer, MESSAGES)
+    ref = alone(target, ids, 12)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )  # fmt: skip
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert all(c.usage.prompt_tokens == len(ids) for c in chunks) and counts == sorted(counts)
+    assert counts[-1] == len(ref.token_ids) and chunks[-1].choices == [] and len(set(counts)) > 1
+    plain = list(
+        client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=4, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage.completion_tokens == 4

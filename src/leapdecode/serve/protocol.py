@@ -47,6 +47,7 @@ def _one_line(text: str) -> str:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: Optional[StrictBool] = False
+    continuous_usage_stats: Optional[StrictBool] = False  # vLLM's: with include_usage, the usage so far in every chunk
 
 
 Number = Union[StrictInt, float]

@@ -342,7 +342,8 @@ class Run:
                 (chunk if self.chat else choice)["prompt_token_ids"] = self.jobs[i]["prompt_ids"]
                 self.prompt_ids_sent.add(0 if self.chat else i)
         if self.include_usage:
-            chunk["usage"] = None
+            continuous = self.body.stream_options.continuous_usage_stats
+            chunk["usage"] = self.token_usage() if continuous else None
         return chunk
 
     @property
