@@ -200,10 +200,15 @@ def oracles(reference: list[int]) -> list[OracleDrafter]:
     return [OracleDrafter(reference), OracleDrafter(wrong)]
 
 
-def test_seeded_sampling_with_penalties_is_plain_sampling(target):
-    options = dict(raw=True, max_new_tokens=40, temperature=1.1, repetition_penalty=1.3, frequency_penalty=0.5)
+@pytest.mark.parametrize(
+    "more", [{}, dict(allowed_token_ids=list(range(20, 64)), bad_words=["w44 w55", "w30"])], ids=["penalties", "masks"]
+)
+def test_seeded_sampling_with_penalties_is_plain_sampling(target, more):
+    options = dict(raw=True, max_new_tokens=40, temperature=1.1, repetition_penalty=1.3, frequency_penalty=0.5, **more)
     for seed in range(3):
         plain = generate(target, RAW, drafter="none", seed=seed, **options).token_ids
+        if more:
+            assert set(plain) <= set(more["allowed_token_ids"]) and 30 + 4 not in plain  # w30 is token 34
         for drafter in ("prompt-lookup", "ngram", *oracles(plain)):
             assert generate(target, RAW, drafter=drafter, seed=seed, **options).token_ids == plain
 
