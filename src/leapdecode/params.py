@@ -160,13 +160,10 @@ class RequestParams:
     def prepare(self, tokenizer) -> None:
         """Fail in one line where the request names a token the tokenizer does not have (logit_bias, allowed ids);
         put the bad words' token sequences in the penalties."""
-        self.check_vocab(len(tokenizer))
         if self.bad_words:
             words = tuple(bad_word_ids(tokenizer, self.bad_words))
             object.__setattr__(self, "penalties", replace(self.penalties, bad_words=words))
-
-    def check_vocab(self, vocab: int) -> None:
-        """Fail in one line where the request names a token the tokenizer does not have (logit_bias, allowed ids)."""
+        vocab = len(tokenizer)
         bad = next((t for t, _ in self.penalties.logit_bias if t >= vocab), None)
         require(bad is None, f"logit_bias: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
         bad = next((t for t in self.penalties.allowed if t >= vocab), None)
