@@ -72,6 +72,18 @@ def test_generate_streams_text(capsys, tiny_dir, monkeypatch):
     assert "kernels (once)" in err  # the one-off preparation before the first token is shown, not silent
 
 
+def test_generate_streams_the_text_of_json_and_ends_at_stop(capsys, tiny_dir):
+    args = ("generate", "w1 w7", "--model", tiny_dir, "--raw", "--max-new-tokens", "20", "--drafter", "prompt-lookup")
+    full = json.loads(run_cli(capsys, *args, "--json")[1])
+    code, out, _ = run_cli(capsys, *args)
+    assert code == 0 and out == full["text"] + "\n"  # the streamed text is the answer's, then one newline
+    words = full["text"].split()
+    stop = " ".join(words[3:5])  # the first place it occurs ends the answer
+    cut = json.loads(run_cli(capsys, *args, "--json", "--stop", "never there", "--stop", stop)[1])
+    assert cut["text"] == full["text"][: full["text"].index(stop)] and cut["stop_reason"] == "stop"
+    assert run_cli(capsys, *args, "--stop", stop)[1] == cut["text"] + "\n"
+
+
 def test_generate_json_prints_only_json(capsys, tiny_dir, monkeypatch):
     monkeypatch.setenv("TTY_COMPATIBLE", "1")
     code, out, err = run_cli(capsys, "generate", "hello", "--model", tiny_dir, "--json", "--max-new-tokens", "3")

@@ -135,6 +135,45 @@ def test_the_engine_honours_them_too(target):
         assert got.token_ids == generate(target, prompt, drafter="none", **options).token_ids, options
 
 
+# ---- stop strings in generate (as in the Engine) --------------------------------------------------------------------
+
+
+def first_tokens_holding(target, token_ids, text) -> list[int]:
+    """The shortest prefix of token_ids whose text contains `text`: where plain decoding meets that stop string."""
+    for n in range(1, len(token_ids) + 1):
+        if text in target.tokenizer.decode(token_ids[:n], skip_special_tokens=True):
+            return token_ids[:n]
+    raise AssertionError(f"{text!r} is not in the output")
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "ngram"])
+@pytest.mark.parametrize("stop", [["w44 w55"], ["w44 w5", "w56"], ["w50 w6 "]])  # inside a token, two, after a space
+def test_generate_ends_at_a_stop_string_where_plain_decoding_meets_it(target, drafter, stop):
+    full = generate(target, RAW, raw=True, max_new_tokens=30)  # "... w50 w6 w32 w44 w55 w56 ..."; no stop
+    at = min(full.text.index(s) for s in stop)
+    first = min(stop, key=full.text.index)
+    streamed = []
+    got = generate(target, RAW, raw=True, max_new_tokens=30, stop=stop, drafter=drafter, stream=streamed.extend)
+    assert got.text == full.text[:at]
+    assert got.token_ids == streamed == first_tokens_holding(target, full.token_ids, first)
+    assert got.stats.stop_reason == "stop" and got.stats.new_tokens == len(got.token_ids)
+    kept = generate(
+        target, RAW, raw=True, max_new_tokens=30, stop=stop, drafter=drafter, include_stop_str_in_output=True
+    )
+    assert kept.text == full.text[: at + len(first)] and kept.token_ids == got.token_ids
+    (engine,) = Engine(target, drafter=drafter).generate_many([RAW], raw=True, max_new_tokens=30, stop=stop)
+    assert (engine.text, engine.token_ids) == (got.text, got.token_ids)
+
+
+def test_a_stop_string_never_met_changes_nothing(target):
+    full = generate(target, RAW, raw=True, max_new_tokens=30, logprobs=2)
+    got = generate(target, RAW, raw=True, max_new_tokens=30, logprobs=2, stop=["w99 w99"], drafter="prompt-lookup")
+    assert (got.text, got.token_ids, got.stats.stop_reason) == (full.text, full.token_ids, "length")
+    assert [lp.token for lp in got.logprobs] == got.token_ids
+    cut = generate(target, RAW, raw=True, max_new_tokens=30, logprobs=2, stop=["w44 w55"])
+    assert [lp.token for lp in cut.logprobs] == cut.token_ids  # the logprobs end with the output
+
+
 def test_validation_in_one_line():
     with pytest.raises(LeapDecodeError, match="min_tokens"):
         RequestParams(max_new_tokens=4, min_tokens=5)

@@ -18,6 +18,7 @@ from .prompt import Messages, encode_prompt
 from .runner import Runner
 from .stats import GenerationResult
 from .structured import grammar_for
+from .text import TextStream
 
 DRAFT_OPTIONS = ("draft_length", "max_draft_length", "adaptive_draft_length")
 
@@ -57,7 +58,6 @@ def generate(
     """
     draft = DraftConfig(**{k: options.pop(k) for k in DRAFT_OPTIONS if k in options})
     params = RequestParams.of(params, **options)
-    require(not params.stop, "generate has no stop strings yet: use the Engine (or cut the text) for `stop`")
     require(params.prompt_logprobs is None, "generate does not score prompts: use the Engine for `prompt_logprobs`")
     target = resolve_model(model, tokenizer, dtype)
     prompt_ids = encode_prompt(target.tokenizer, prompt, params.raw)
@@ -75,6 +75,11 @@ def generate(
         prefix_cache = prefix_cache_for(target.model)
     runner = Runner(target.model, kv_press, packed_weights, prefix_cache=prefix_cache or None)
     logprobs = None if params.logprobs is None else []
+    text = None
+    if params.stop:
+        text = TextStream(
+            target.tokenizer, params.stop, None, params.include_stop_str_in_output, params.skip_special_tokens
+        )
     tokens, stats = decode(
         runner,
         prompt_ids,
@@ -86,12 +91,14 @@ def generate(
         context_length=context,
         on_tokens=stream,
         logprobs_sink=logprobs,
+        text=text,
         grammar=grammar,
         **params.state_options(),
     )
-    text = target.tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens)
     return GenerationResult(
-        text=text,
+        text=text.text
+        if text is not None and text.stopped
+        else target.tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens),
         token_ids=tokens,
         prompt_ids=prompt_ids,
         stats=stats,

@@ -37,6 +37,7 @@ def add_generate(sub) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages tokens already seen (HF's)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2], per occurrence (OpenAI's)")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2], once per token seen (OpenAI's)")
+    p.add_argument("--stop", action="append", help="end the answer before this text (repeat the option for several)")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", help="the answer follows this JSON schema (a file, or the schema's text)")
     shape.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
@@ -76,9 +77,9 @@ def _press_names() -> str:
 
 def run_generate(args) -> int:
     from rich.console import Console
-    from transformers import TextStreamer
 
     from .models import resolve_model
+    from .text import TextStream
 
     require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -92,7 +93,8 @@ def run_generate(args) -> int:
         from .kv import make_press
 
         press = make_press(args.kv_press, budget=args.kv_budget)
-    streamer = None if args.json else TextStreamer(target.tokenizer, skip_special_tokens=True)
+    # the answer's text as it becomes final (the same stop strings as generate's: nothing past one is printed)
+    streamer = None if args.json else TextStream(target.tokenizer, args.stop or ())
     # the one-off work before the first token (kernels measured once per host, weights encoded once per process) as a
     # transient line on a terminal, gone at the first token or an error (which then stays the only line printed)
     waiting = Console(stderr=True, quiet=args.json).status(
@@ -102,7 +104,8 @@ def run_generate(args) -> int:
 
     def stream(ids):
         waiting.stop()
-        streamer.put(_tensor(ids))
+        streamer.push(ids)
+        print(streamer.release(), end="", flush=True)
 
     try:
         result = _generate(args, target, prompt, press, None if streamer is None else stream)
@@ -111,7 +114,7 @@ def run_generate(args) -> int:
     if args.json:
         print(json.dumps(result.as_dict()))
         return 0
-    streamer.end()
+    print(streamer.release(final=True), flush=True)
     s = result.stats
     print(
         f"[{result.model} · {result.drafter}] {s.new_tokens} tokens in {s.total_time:.2f} s = "
@@ -138,6 +141,7 @@ def _generate(args, target, prompt, press, stream):
         repetition_penalty=args.repetition_penalty,
         frequency_penalty=args.frequency_penalty,
         presence_penalty=args.presence_penalty,
+        stop=args.stop,
         structured_output=_structured(args),
         raw=args.raw,
         dtype=args.dtype,
@@ -163,12 +167,6 @@ def _structured(args) -> dict | None:
     if args.regex is not None:
         return {"regex": args.regex}
     return {"choice": args.choice} if args.choice else None
-
-
-def _tensor(ids):
-    import torch
-
-    return torch.tensor(ids)
 
 
 def add_models(sub) -> None:

@@ -16,6 +16,7 @@ from .runner import Runner
 from .sampling import SamplingConfig
 from .sequence import SequenceState
 from .stats import GenerationStats
+from .text import TextStream
 
 
 def decode(
@@ -30,10 +31,13 @@ def decode(
     context_length: int,
     on_tokens: Callable[[list[int]], None] | None = None,
     logprobs_sink: list | None = None,
+    text: TextStream | None = None,
     **state_options,
 ) -> tuple[list[int], GenerationStats]:
     """Generate up to max_new_tokens after prompt_ids; stop at EOS (kept) exactly where plain decoding would.
-    With `logprobs` among the state options, `logprobs_sink` receives one TokenLogprobs per output token."""
+    With `logprobs` among the state options, `logprobs_sink` receives one TokenLogprobs per output token. `text`: the
+    output's incremental text with the request's stop strings; the output ends at the token that completes one, as in
+    the Engine (engine.output)."""
     seq = SequenceState(
         prompt_ids,
         drafter,
@@ -52,6 +56,10 @@ def decode(
     while True:
         new, rejected = seq.accept(logits, runner.hidden, fed, forward_seconds)
         runner.rollback(rejected)
+        if text is not None:
+            kept = text.push(new)
+            if text.stopped:
+                new = seq.end_at_stop_string(new, kept)
         if on_tokens is not None:
             on_tokens(new)
         if seq.finished:

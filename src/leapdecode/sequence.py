@@ -201,6 +201,15 @@ class SequenceState:
         self.stats.draft_time += seconds
         return [self.context[-1]] + self.draft.tokens
 
+    def end_at_stop_string(self, new: list[int], kept: int) -> list[int]:
+        """A stop string was completed by new[kept - 1] (`new`: this step's tokens, already in the output): the output
+        ends at that token, as plain decoding cut at the stop string would end. Returns the step's tokens kept."""
+        del self.out[len(self.out) - len(new) + kept :]
+        del self.logprobs[len(self.out) :]  # aligned with out (empty when the request asked for none)
+        self.stats.stop_reason = "stop"
+        self.stats.new_tokens = len(self.out)
+        return new[:kept]
+
     def finish(self, reason: str = "") -> GenerationStats:
         """Close the record (`reason` overrides the stop reason, e.g. "cancelled")."""
         if reason:

@@ -26,11 +26,11 @@ from ..params import REQUEST_OPTIONS, DraftConfig, RequestParams
 from ..prompt import encode_prompt
 from ..stats import GenerationResult
 from ..structured import Grammar, grammar_for
+from ..text import TextStream
 from .executor import Accepted, Executor
 from .output import cancelled_output, failed_output, request_output
 from .request import Request, RequestOutput
 from .scheduler import Scheduler, SchedulerConfig
-from .text import TextStream
 
 COUNTERS = (
     "steps",

@@ -1,7 +1,7 @@
 """The output processor: turns each request's accepted tokens into what its caller sees (new text, stop decisions,
 the finish reason and the final stats), apart from the model's forward.
 
-Text is detokenized incrementally (engine.text.TextStream). A stop string completed by a token of this step ends the
+Text is detokenized incrementally (text.TextStream). A stop string completed by a token of this step ends the
 request at that token: the tokens after it are dropped from the output, as plain decoding cut at the stop string
 would give.
 """
@@ -18,10 +18,7 @@ def request_output(accepted: Accepted) -> RequestOutput:
     request, seq, new = accepted.request, accepted.request.seq, accepted.new
     used = request.text.push(new)
     if request.text.stopped:  # a stop string ended the request at this step's token number `used`
-        del seq.out[len(seq.out) - len(new) + used :]
-        del seq.logprobs[len(seq.out) :]  # aligned with out (empty when the request asked for none)
-        new = new[:used]
-        seq.stats.stop_reason = "stop"
+        new = seq.end_at_stop_string(new, used)
     finished = seq.finished
     first = seq.stats.forward_passes == 1  # the step that read the prompt's end
     stop_reason = None

@@ -11,7 +11,7 @@ from ..kv.slots import SequenceKV
 from ..params import RequestParams
 from ..sequence import SequenceState, TokenLogprobs
 from ..stats import GenerationStats
-from .text import TextStream
+from ..text import TextStream
 
 
 @dataclass
