@@ -156,12 +156,18 @@ class Engine:
         *,
         on_output: Callable[[RequestOutput], None] | None = None,
         grammar: Grammar | None = None,
+        priority: int = 0,
         **options,
     ) -> int:
         """Queue a request (a string, chat messages or token ids, as `generate` takes) with its RequestParams (or
         their fields by keyword); return its id. Bad input raises LeapDecodeError at once and leaves the engine as it
         was. `grammar`: params.structured_output already compiled for this model (structured.grammar_for; the
-        server compiles it off its event loop), else it is compiled here."""
+        server compiles it off its event loop), else it is compiled here. `priority` (vLLM's): under the scheduler's
+        "priority" policy, lower is admitted first and preempted last; under "fcfs" only 0 is taken."""
+        require(
+            type(priority) is int and (priority == 0 or self.scheduler.config.policy == "priority"),
+            f"priority must be an integer, and other than 0 only under the priority scheduling policy; got {priority!r}",
+        )
         params = RequestParams.of(params, **options)
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, params.raw)
@@ -180,7 +186,7 @@ class Engine:
             params.skip_special_tokens,
         )
         with self._lock:
-            request = Request(next(self._ids), prompt_ids, params, text, on_output, grammar)
+            request = Request(next(self._ids), prompt_ids, params, text, on_output, grammar, priority)
             self._requests[request.id] = request
         with self.scheduler.lock:
             self.scheduler.incoming.append(request)

@@ -43,9 +43,17 @@ class Request:
     back) its whole context so far, recomputed."""
 
     def __init__(
-        self, rid: int, prompt_ids: list[int], params: RequestParams, text: TextStream, on_output, grammar=None
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        params: RequestParams,
+        text: TextStream,
+        on_output,
+        grammar=None,
+        priority: int = 0,
     ):
         self.id, self.prompt_ids, self.params, self.text, self.on_output = rid, prompt_ids, params, text, on_output
+        self.priority = priority  # under the priority policy: lower is admitted first and preempted last
         self.grammar = grammar  # structured.Grammar of params.structured_output, compiled once at add_request
         self.arrival = time.perf_counter()
         self.seq: SequenceState | None = None

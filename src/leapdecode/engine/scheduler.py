@@ -28,19 +28,25 @@ from .request import Acceptance, Request
 MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode (half the rows when max_batch_tokens < 32)
 
 
+POLICIES = ("fcfs", "priority")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """`max_batch_tokens`: rows per step; `max_sequences`: requests decoded at once (more wait);
     `prefix_cache_tokens`: prompt-prefix KV kept for reuse; `max_decode_slowdown`: how much dearer than a decode-only
     step a step may get from the prompt chunks riding along; `kv_cache_bytes`: the most bytes of keys/values the
     engine holds (running requests' slots and the prefix cache together; None: half the memory available when the
-    engine starts)."""
+    engine starts); `policy`: "fcfs" (requests are admitted in arrival order; the newest admitted is preempted
+    first) or "priority" (vLLM's priority scheduling: requests are admitted, and preempted last, in order of their
+    priority, lower first, then arrival)."""
 
     max_batch_tokens: int = 256
     max_sequences: int = 32
     prefix_cache_tokens: int = 8192
     max_decode_slowdown: float = 2.0
     kv_cache_bytes: int | None = None
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_sequences"):
@@ -55,6 +61,7 @@ class SchedulerConfig:
             self.kv_cache_bytes is None or (type(self.kv_cache_bytes) is int and self.kv_cache_bytes > 0),
             f"kv_cache_bytes must be a positive integer, got {self.kv_cache_bytes!r}",
         )
+        require(self.policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
 
 
 @dataclass
@@ -141,8 +148,12 @@ class Scheduler:
 
     def take_incoming(self) -> None:
         with self.lock:
+            if not self.incoming:
+                return
             self.waiting.extend(self.incoming)
             self.incoming.clear()
+        if self.config.policy == "priority":
+            self.waiting = deque(sorted(self.waiting, key=_rank))
 
     def schedule(self) -> StepPlan | None:
         """Admit waiting requests, then plan the step; None when nothing runs."""
@@ -283,7 +294,7 @@ class Scheduler:
             elif any(draft_lengths):
                 draft_lengths = [0] * len(draft_lengths)
             elif len(self.running) > 1:
-                victim = max(self.running, key=lambda r: r.admitted)
+                victim = max(self.running, key=_rank if self.config.policy == "priority" else _admitted)
                 self._preempt(victim)
                 decoding = [r for r in decoding if r is not victim]
                 draft_lengths = draft_lengths[: len(decoding)]
@@ -307,7 +318,11 @@ class Scheduler:
         request.seq.drop_draft()
         request.reading = list(request.seq.context)
         self.preemptions += 1
-        self.waiting.appendleft(request)
+        if self.config.policy == "priority":  # before the first waiting request that ranks after it
+            at = next((i for i, r in enumerate(self.waiting) if _rank(r) > _rank(request)), len(self.waiting))
+            self.waiting.insert(at, request)
+        else:
+            self.waiting.appendleft(request)
 
     def _prefill_budget(self, decode_rows: int, budget: int, rest: int = 0) -> int:
         """Rows a step may hold while streams decode: prompt chunks only up to where the measured step cost reaches
@@ -369,3 +384,12 @@ class Scheduler:
         return plan_draft_lengths(
             demands, self.costs, base_rows=len(decoding), base_tokens=float(len(decoding)), row_budget=row_budget
         )
+
+
+def _rank(request: Request) -> tuple[int, int]:
+    """Its place under the priority policy: priority (lower first), then arrival."""
+    return request.priority, request.id
+
+
+def _admitted(request: Request) -> int:
+    return request.admitted

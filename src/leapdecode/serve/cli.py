@@ -80,6 +80,13 @@ def add_serve(sub) -> None:
     p.add_argument("--max-sequences", type=_int, default=32, help="requests decoded at once; more wait")
     p.add_argument("--prefix-cache-tokens", type=_int, default=8192)
     p.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="fcfs: first come, first served; priority: a request's `priority` (lower first, then arrival) orders "
+        "admission and preemption, as vLLM's",
+    )
+    p.add_argument(
         "--kv-cache-bytes",
         type=_int,
         help="most bytes of KV the engine holds (running requests and prefix cache); past it the newest request is "
@@ -152,6 +159,7 @@ def engine_options(args) -> dict:
         max_sequences=args.max_sequences,
         prefix_cache_tokens=args.prefix_cache_tokens,
         kv_cache_bytes=args.kv_cache_bytes,
+        policy=args.scheduling_policy,
         drafter_options={"head": args.head} if args.head else None,
     )
 

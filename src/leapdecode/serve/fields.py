@@ -39,7 +39,6 @@ COMMON_REFUSED = {
     "guided_decoding_backend": (_falsy, "structured output always runs on llguidance"),
     "guided_whitespace_pattern": (_falsy, ""),
     "structural_tag": (_falsy, ""),
-    "priority": (_neutral(0), "requests are served first come, first served"),
     "kv_transfer_params": (_falsy, ""),
     "vllm_xargs": (_falsy, ""),
 }

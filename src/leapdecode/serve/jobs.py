@@ -32,6 +32,8 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
         if bad is not None:
             raise APIError(400, f"{field}: {bad} is outside the vocabulary of {vocab}", param=field)
     logit_bias = _logit_bias(body.logit_bias, vocab)
+    if body.priority and state.engine.scheduler.config.policy != "priority":
+        raise APIError(400, "priority is only taken when the server runs with --scheduling-policy priority", "priority")
     if not all(word.strip() for word in body.bad_words or ()):
         raise APIError(400, "bad_words: a word must not be empty", param="bad_words")
     asked = body.structured()
@@ -87,6 +89,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                     echo=echo,
                     tools=tools if tools is not None and tools.active else None,
                     grammar=grammar,
+                    priority=body.priority or 0,
                     params=dict(
                         max_new_tokens=max_tokens,
                         temperature=temperature,
@@ -175,7 +178,12 @@ def submit(state, jobs: list[dict]) -> tuple[asyncio.Queue, dict[int, int]]:
     try:
         for i, job in enumerate(jobs):
             rid, _ = state.thread.submit(
-                job["prompt_ids"], queue=queue, raw=True, grammar=job["grammar"], **job["params"]
+                job["prompt_ids"],
+                queue=queue,
+                raw=True,
+                grammar=job["grammar"],
+                priority=job["priority"],
+                **job["params"],
             )
             index[rid] = i
     except LeapDecodeError as e:

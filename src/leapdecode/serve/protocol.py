@@ -95,6 +95,7 @@ class _Common(BaseModel):
     # vLLM's: keep N prompt tokens (-1: as many as the context holds), the last N (left, the default) or the first
     truncate_prompt_tokens: Optional[StrictInt] = Field(default=None, ge=-1)
     truncation_side: Optional[Literal["left", "right"]] = None
+    priority: Optional[StrictInt] = None  # vLLM's: under --scheduling-policy priority, lower is served first
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a declared field set to something this server cannot do."""

@@ -42,6 +42,7 @@ class ResponsesRequest(BaseModel):
     min_p: Optional[Number] = Field(default=None, ge=0.0, le=1.0)
     seed: Optional[StrictInt] = None
     repetition_penalty: Optional[Number] = Field(default=None, gt=0.0)
+    priority: Optional[StrictInt] = None  # vLLM's, as on the chat endpoint
     stream: Optional[StrictBool] = False
     text: Optional[dict[str, Any]] = None
     tools: Optional[list[dict[str, Any]]] = None
@@ -87,6 +88,7 @@ class ResponsesCall:
             "min_p": request.min_p,
             "seed": request.seed,
             "repetition_penalty": request.repetition_penalty,
+            "priority": request.priority,
             "response_format": _response_format(request.text),
             "tools": [_chat_tool(t, i) for i, t in enumerate(request.tools or [])] or None,
             "tool_choice": _chat_tool_choice(request.tool_choice),
