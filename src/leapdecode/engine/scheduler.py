@@ -294,7 +294,7 @@ class Scheduler:
             elif any(draft_lengths):
                 draft_lengths = [0] * len(draft_lengths)
             elif len(self.running) > 1:
-                victim = max(self.running, key=_rank if self.config.policy == "priority" else _admitted)
+                victim = self.victim()
                 self._preempt(victim)
                 decoding = [r for r in decoding if r is not victim]
                 draft_lengths = draft_lengths[: len(decoding)]
@@ -310,6 +310,11 @@ class Scheduler:
         cache = self.prefix_cache
         blocks = sum(len(r.prompt_ids) // cache.block for r, n in chunks if r.read + n == len(r.reading))
         return slots + min(cache.max_tokens, cache.tokens + blocks * cache.block)
+
+    def victim(self) -> Request:
+        """The running request a lack of KV preempts: the newest admitted, or under the priority policy the lowest
+        priority, last to arrive."""
+        return max(self.running, key=_rank if self.config.policy == "priority" else _admitted)
 
     def _preempt(self, request: Request) -> None:
         """Give its KV back; it waits at the front of the queue and will read its context again."""
