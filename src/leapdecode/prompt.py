@@ -26,13 +26,16 @@ def encode_prompt(
     generation_prompt: bool = True,
     documents: list[dict] | None = None,
     variables: dict | None = None,
+    special_tokens: bool | None = None,
 ) -> list[int]:
     """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is.
     A list of token ids is taken as it is. `tools`: function definitions the chat template shows the model.
     `continue_final`: the last message is left open and the answer continues it (a prefilled answer), instead of a new
     turn; `generation_prompt`: the template's opening of the assistant's turn (vLLM's `add_generation_prompt`);
     `documents`: for a template that renders them (RAG); `variables`: more of the template's variables (vLLM's
-    `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`)."""
+    `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`); `special_tokens`: whether the tokenizer adds its own
+    special tokens (e.g. a BOS) around the text (vLLM's `add_special_tokens`; None: yes for raw text, no for a
+    template's text, which holds them already)."""
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer)
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
@@ -41,11 +44,11 @@ def encode_prompt(
     if isinstance(prompt, str):
         require(prompt.strip() != "", "the prompt is empty")
         if raw or not getattr(tokenizer, "chat_template", None):
-            return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            return tokenizer(prompt, add_special_tokens=special_tokens is not False)["input_ids"]
         prompt = [{"role": "user", "content": prompt}]
     require(len(prompt) > 0, "the prompt is empty")
     text = chat_text(tokenizer, prompt, tools, continue_final, generation_prompt, documents, variables)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(text, add_special_tokens=bool(special_tokens))["input_ids"]
 
 
 def chat_text(

@@ -45,7 +45,6 @@ COMMON_REFUSED = {
 
 COMPLETIONS_REFUSED = {
     "prompt_embeds": (_falsy, ""),
-    "add_special_tokens": (_neutral(True), "the prompt is always tokenized with the tokenizer's special tokens"),
 }
 
 CHAT_REFUSED = {
@@ -58,7 +57,6 @@ CHAT_REFUSED = {
     "verbosity": (_falsy, ""),
     "web_search_options": (_falsy, "web search is not supported"),
     "echo": (_falsy, "echo is supported on /v1/completions only"),
-    "add_special_tokens": (_neutral(False), "the chat template's text is tokenized as it is"),
     "chat_template": (_falsy, "the model's own chat template is used"),
     "mm_processor_kwargs": (_falsy, ""),
 }

@@ -50,8 +50,9 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     if not chat and body.suffix:
         encoded = await state.tokenizers.run(lambda tok: fim_all(tok, prompts, body.suffix))
     else:
+        special = body.add_special_tokens  # vLLM's defaults: yes for completions, no for a chat template's text
         encoded = await state.tokenizers.run(
-            lambda tok: encode_all(tok, prompts, chat, param, template_tools, **template)
+            lambda tok: encode_all(tok, prompts, chat, param, template_tools, special_tokens=special, **template)
         )
     all_ids = [body.truncated(ids, context) for ids in encoded]
     echoes = [""] * len(all_ids)

@@ -96,6 +96,7 @@ class _Common(BaseModel):
     truncate_prompt_tokens: Optional[StrictInt] = Field(default=None, ge=-1)
     truncation_side: Optional[Literal["left", "right"]] = None
     priority: Optional[StrictInt] = None  # vLLM's: under --scheduling-policy priority, lower is served first
+    add_special_tokens: Optional[StrictBool] = None  # vLLM's: the tokenizer's own special tokens (e.g. BOS) or not
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a declared field set to something this server cannot do."""

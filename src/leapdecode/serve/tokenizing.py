@@ -60,14 +60,14 @@ class TokenizerPool:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def encode_all(tokenizer, prompts: list, chat: bool, param: str, tools: list[dict] | None = None, **template):
-    """Token ids of each prompt, as the engine would encode them (chat: the template, with `tools` if any and
-    `template`'s options of prompt.encode_prompt; completions: raw)."""
+def encode_all(tokenizer, prompts: list, chat: bool, param: str, tools: list[dict] | None = None, **options):
+    """Token ids of each prompt, as the engine would encode them (chat: the template, with `tools` if any; completions:
+    raw; `options`: prompt.encode_prompt's template options and `special_tokens`)."""
     out = []
     for i, prompt in enumerate(prompts):
         where = param if len(prompts) == 1 else f"{param}[{i}]"
         try:
-            ids = encode_prompt(tokenizer, prompt, raw=not chat, tools=tools, **template)
+            ids = encode_prompt(tokenizer, prompt, raw=not chat, tools=tools, **options)
         except LeapDecodeError as e:
             raise APIError(400, f"{where}: {e}", param=param) from None
         except Exception as e:  # the chat template raised (its own checks, e.g. roles that must alternate)
