@@ -109,9 +109,9 @@ class Scheduler:
 
     KV memory is bounded: the running requests' slots (their capacity, as allocated) and the prefix cache together
     never hold more than `kv_tokens` rows. A step that would cross the bound frees room, cheapest first: least
-    recently used prefix-cache blocks, then the step's prompt chunks and drafts, then the newest running request is
-    preempted (vLLM's recompute preemption: it gives its KV back, goes to the front of the queue, and later reads its
-    whole context again, which gives the same tokens as if it had never stopped)."""
+    recently used prefix-cache blocks, then the step's prompt chunks and drafts, then the newest running request (the
+    lowest priority under the priority policy) is preempted (vLLM's recompute preemption: it gives its KV back, waits
+    again, and later reads its whole context again, which gives the same tokens as if it had never stopped)."""
 
     def __init__(
         self,
@@ -317,7 +317,8 @@ class Scheduler:
         return max(self.running, key=_rank if self.config.policy == "priority" else _admitted)
 
     def _preempt(self, request: Request) -> None:
-        """Give its KV back; it waits at the front of the queue and will read its context again."""
+        """Give its KV back; it waits at the front of the queue (under the priority policy, at its rank's place) and
+        will read its context again."""
         self.running.remove(request)
         request.kv = None
         request.seq.drop_draft()
