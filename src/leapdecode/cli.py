@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -59,6 +60,7 @@ def add_generate(sub) -> None:
     p.add_argument("--kv-press", help="compress the prompt's KV cache: " + _press_names())
     p.add_argument("--kv-budget", type=float, default=1.0, help="fraction of the prompt's KV entries to keep (0, 1]")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--chat-template", help="render the prompt with this Jinja template (a file, or the text)")
     p.add_argument(
         "--suffix", help="the text after the answer: a code model fills in the middle between the prompt and this"
     )
@@ -79,11 +81,15 @@ def run_generate(args) -> int:
     from rich.console import Console
 
     from .models import resolve_model
+    from .prompt import read_chat_template, with_chat_template
     from .text import TextStream
 
     require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     target = resolve_model(args.model, dtype=args.dtype)
+    if args.chat_template:
+        template = read_chat_template(args.chat_template)
+        target = dataclasses.replace(target, tokenizer=with_chat_template(target.tokenizer, template))
     if args.suffix is not None:
         from .prompt import fill_in_the_middle
 

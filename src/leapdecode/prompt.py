@@ -4,9 +4,11 @@ function, so a prompt means the same tokens everywhere."""
 
 from __future__ import annotations
 
+import copy
+import pathlib
 from typing import Sequence
 
-from .errors import require
+from .errors import LeapDecodeError, require
 
 Messages = Sequence[dict]
 # apply_chat_template's own arguments: a template variable of these names would change how it is called, not the text
@@ -77,6 +79,33 @@ def chat_text(
         extra["continue_final_message"] = True
     opening = generation_prompt and not continue_final
     return tokenizer.apply_chat_template(list(messages), add_generation_prompt=opening, tokenize=False, **extra)
+
+
+def read_chat_template(value: str) -> str:
+    """A chat template given as vLLM's `--chat-template` takes it: a file's path or the template's text; checked to
+    parse now (a one-line error), not at the first request."""
+    path = pathlib.Path(value).expanduser()
+    if len(value) < 4096 and path.is_file():
+        value = path.read_text(encoding="utf-8")
+    elif "{{" not in value and "{%" not in value:
+        raise LeapDecodeError(f"chat template {value!r} is neither a file nor a Jinja template")
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).parse(value)
+    except TemplateSyntaxError as e:
+        raise LeapDecodeError(f"the chat template does not parse: {e.message} (line {e.lineno})") from None
+    return value
+
+
+def with_chat_template(tokenizer, template: str | None):
+    """The tokenizer, or a copy of it that renders chat messages with `template` instead of its own."""
+    if template is None:
+        return tokenizer
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = template
+    return tokenizer
 
 
 # fill-in-the-middle tokens, prefix / suffix / middle: Qwen2.5-Coder's, then StarCoder's (and models trained like it)

@@ -10,6 +10,7 @@ shares the step, and seeded sampling with a model-free drafter draws the same to
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -23,7 +24,7 @@ from ..forward import rows_alone
 from ..host import available_memory
 from ..models.resolve import resolve_model
 from ..params import REQUEST_OPTIONS, DraftConfig, RequestParams
-from ..prompt import encode_prompt
+from ..prompt import encode_prompt, with_chat_template
 from ..stats import GenerationResult
 from ..structured import Grammar, grammar_for
 from ..text import TextStream
@@ -68,7 +69,8 @@ class Engine:
     GGUF file, or a loaded HF model with `tokenizer=`); `drafter` a drafter name or "auto" (each request gets its own
     drafter and draft-length controller). Scheduler settings (SchedulerConfig: max_batch_tokens, max_sequences,
     prefix_cache_tokens, max_decode_slowdown) and draft-length settings (DraftConfig: draft_length,
-    max_draft_length, adaptive_draft_length) come as those objects or as their fields by keyword.
+    max_draft_length, adaptive_draft_length) come as those objects or as their fields by keyword. `chat_template`:
+    chat messages are rendered with this template instead of the tokenizer's own (vLLM's `--chat-template`).
     `add_request`/`cancel` may be called from any thread; `step` from one."""
 
     def __init__(
@@ -84,6 +86,7 @@ class Engine:
         drafter_options: dict | None = None,
         scheduler: SchedulerConfig | None = None,
         draft: DraftConfig | None = None,
+        chat_template: str | None = None,
         **options,
     ):
         unknown = sorted(set(options) - set(SCHEDULER_OPTIONS) - set(DRAFT_OPTIONS))
@@ -93,6 +96,9 @@ class Engine:
         if isinstance(drafter, Drafter):
             raise LeapDecodeError("the Engine makes one drafter per request: pass a drafter name, not an instance")
         self.target = resolve_model(model, tokenizer, dtype)
+        if chat_template is not None:  # a tokenizer of its own: the model loaded once per process stays as it is
+            templated = with_chat_template(self.target.tokenizer, chat_template)
+            self.target = dataclasses.replace(self.target, tokenizer=templated)
         self.model = self.target.model
         make_drafter = drafter_factory(drafter, self.target, draft_model, draft_dtype, **(drafter_options or {}))
         probe = make_drafter()

@@ -9,6 +9,7 @@ import time
 from ..argtypes import integer as _int
 from ..errors import LeapDecodeError, require
 from ..models.registry import DEFAULT_MODEL
+from ..prompt import read_chat_template
 from .admission import DEFAULT_MAX_WAITING, DEFAULT_QUEUE_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT
 
 
@@ -79,6 +80,10 @@ def add_serve(sub) -> None:
     p.add_argument("--max-batch-tokens", type=_int, default=256, help="rows (tokens) per batched forward")
     p.add_argument("--max-sequences", type=_int, default=32, help="requests decoded at once; more wait")
     p.add_argument("--prefix-cache-tokens", type=_int, default=8192)
+    p.add_argument(
+        "--chat-template",
+        help="render chat messages with this Jinja template (a file, or the text) instead of the model's",
+    )
     p.add_argument(
         "--scheduling-policy",
         choices=("fcfs", "priority"),
@@ -160,6 +165,7 @@ def engine_options(args) -> dict:
         prefix_cache_tokens=args.prefix_cache_tokens,
         kv_cache_bytes=args.kv_cache_bytes,
         policy=args.scheduling_policy,
+        chat_template=read_chat_template(args.chat_template) if args.chat_template else None,
         drafter_options={"head": args.head} if args.head else None,
     )
 
