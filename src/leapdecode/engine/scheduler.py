@@ -314,7 +314,7 @@ class Scheduler:
     def victim(self) -> Request:
         """The running request a lack of KV preempts: the newest admitted, or under the priority policy the lowest
         priority, last to arrive."""
-        return max(self.running, key=_rank if self.config.policy == "priority" else _admitted)
+        return max(self.running, key=_rank if self.config.policy == "priority" else lambda r: r.admitted)
 
     def _preempt(self, request: Request) -> None:
         """Give its KV back; it waits at the front of the queue (under the priority policy, at its rank's place) and
@@ -395,7 +395,3 @@ class Scheduler:
 def _rank(request: Request) -> tuple[int, int]:
     """Its place under the priority policy: priority (lower first), then arrival."""
     return request.priority, request.id
-
-
-def _admitted(request: Request) -> int:
-    return request.admitted
