@@ -243,6 +243,10 @@ def test_response_carries_speculative_stats(client):
 
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4o")
+    assert caught.value.body["code"] == "model_not_found"
     r = httpx.get(server[0] + "/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
     assert r.headers["x-leapdecode-instance"]
@@ -316,15 +320,20 @@ def test_openai_client_raises_its_own_errors(client):
 
 
 def test_api_key_and_body_limit(target):
-    app = create_app(Engine(target, drafter="none"), served_model_name="tiny", api_key="s3cret", max_body_bytes=1 << 20)
+    app = create_app(
+        Engine(target, drafter="none"), served_model_name="org/tiny", api_key="s3cret", max_body_bytes=1 << 20
+    )
     try:
         with BackgroundServer(app) as url:
             good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
-            assert good.completions.create(model="tiny", prompt="hello", max_tokens=3, temperature=0).choices
+            assert good.completions.create(model="org/tiny", prompt="hello", max_tokens=3, temperature=0).choices
+            assert good.models.retrieve("org/tiny").id == "org/tiny"  # a name with a slash, as vLLM's hub ids
             with pytest.raises(openai.AuthenticationError):
                 openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
-            assert_openai_error(httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hello"}), 401)
-            big = b'{"model": "tiny", "prompt": "' + b"w1 " * (10 * 1024 * 1024 // 3) + b'"}'
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.retrieve("org/tiny")
+            assert_openai_error(httpx.post(url + "/v1/completions", json={"model": "org/tiny", "prompt": "hello"}), 401)
+            big = b'{"model": "org/tiny", "prompt": "' + b"w1 " * (10 * 1024 * 1024 // 3) + b'"}'
             r = httpx.post(
                 url + "/v1/completions",
                 content=big,

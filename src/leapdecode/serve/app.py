@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP server around one Engine: `create_app(engine)` gives a FastAPI app.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events, `data: [DONE]` last),
-POST /v1/responses with GET and DELETE /v1/responses/{id} (OpenAI's Responses API, responses_api.py), GET /v1/models,
-POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics (Prometheus). The handlers
+POST /v1/responses with GET and DELETE /v1/responses/{id} (OpenAI's Responses API, responses_api.py), GET /v1/models and
+/v1/models/{id}, POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics (Prometheus). The handlers
 are plain functions of a `ServerState` and a request, so the same code serves from a Ray Serve replica
 (ray_app.py). Every answer carries the header `x-leapdecode-instance` (an opaque id of the process; the log maps it
 to host and pid), and every completion a `leapdecode` object with the request's speculative decoding stats.
@@ -77,6 +77,12 @@ class ServerState:
         self.thread = EngineThread(engine).start()
         self.metrics = ServerMetrics(self.thread, self.model_name)
         self.admission = Admission(self.limits, max_running(engine), self.metrics)
+
+    def check_model(self, name: str) -> None:
+        """404 `model_not_found` unless `name` is one this server answers to (its served name or the model's)."""
+        if name not in self.accepted_names:
+            message = f"The model '{name}' does not exist; this server serves '{self.model_name}'"
+            raise APIError(404, message, param="model", code="model_not_found")
 
     def begin_drain(self) -> None:
         """Stop admitting: new calls get 503 `shutting_down`; those in flight go on."""
@@ -166,13 +172,7 @@ async def _complete(state: ServerState, request: Request, endpoint: str, read) -
         if ignored:
             log.warning("%s: ignored unknown field(s) %s", endpoint, ", ".join(ignored))
             headers["x-leapdecode-ignored-fields"] = ",".join(ignored)
-        if body.model not in state.accepted_names:
-            raise APIError(
-                404,
-                f"The model '{body.model}' does not exist; this server serves '{state.model_name}'",
-                param="model",
-                code="model_not_found",
-            )
+        state.check_model(body.model)
         ticket.resize(body.sequences(), param="n")
         jobs = await build_jobs(state, body, call.chat)
         run = Run(state, body, call.chat, jobs, submit(state, jobs), arrival)
@@ -234,23 +234,28 @@ async def _on_disconnect(request: Request, callback) -> None:
 # ---- the other routes -----------------------------------------------------------------------------------------------
 
 
+def _model_card(state: ServerState) -> dict:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "leapdecode",
+        "max_model_len": state.engine.context_length,
+        "drafter": state.drafter,
+    }
+
+
 async def models(state: ServerState, request: Request) -> Response:
     authorize(state.api_key, request)
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.model_name,
-                    "object": "model",
-                    "created": state.created,
-                    "owned_by": "leapdecode",
-                    "max_model_len": state.engine.context_length,
-                    "drafter": state.drafter,
-                }
-            ],
-        }
-    )
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def model(state: ServerState, request: Request) -> Response:
+    """OpenAI's retrieve-a-model (`client.models.retrieve`): the served model's card under any name it answers to."""
+    authorize(state.api_key, request)
+    name = request.path_params["model_id"]
+    state.check_model(name)
+    return JSONResponse({**_model_card(state), "id": name})
 
 
 async def _tokenizer_call(state: ServerState, request: Request, model_class, fn) -> Response:
@@ -258,8 +263,8 @@ async def _tokenizer_call(state: ServerState, request: Request, model_class, fn)
     ticket = state.admission.enter()  # bounded like completions (a 4 MiB prompt takes a worker for seconds)
     try:
         body = validated(model_class, json_object(await _read_body(state, request)))
-        if body.model is not None and body.model not in state.accepted_names:
-            raise APIError(404, f"The model '{body.model}' does not exist", param="model", code="model_not_found")
+        if body.model is not None:
+            state.check_model(body.model)
         return JSONResponse(await state.tokenizers.run(fn, body))
     finally:
         ticket.close()
@@ -302,6 +307,7 @@ ROUTES = (
     ("GET", "/v1/responses/{response_id}", get_response),
     ("DELETE", "/v1/responses/{response_id}", delete_response),
     ("GET", "/v1/models", models),
+    ("GET", "/v1/models/{model_id:path}", model),
     ("POST", "/tokenize", tokenize_route),
     ("POST", "/detokenize", detokenize_route),
     ("GET", "/version", version),
@@ -315,6 +321,8 @@ COUNTED_BY_HANDLER = {"/v1/completions", "/v1/chat/completions", "/v1/responses"
 def endpoint_label(path: str) -> str:
     if path.startswith("/v1/responses/") and path.count("/") == 3:
         return "/v1/responses/{response_id}"
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{model_id:path}"
     return path if path in PATHS else "other"
 
 

@@ -94,6 +94,10 @@ def build_app(
         async def models(self, request: Request):
             return await self._route("/v1/models", request)
 
+        @api.get("/v1/models/{model_id:path}")
+        async def model(self, request: Request):
+            return await self._route("/v1/models/{model_id:path}", request)
+
         @api.post("/tokenize")
         async def tokenize(self, request: Request):
             return await self._route("/tokenize", request)
