@@ -42,11 +42,13 @@ def packed_ops(dtype: torch.dtype = torch.float32) -> bool:
     """Whether the packed ops exist and compute `F.linear`'s results in `dtype` here (checked once per dtype)."""
     if dtype not in _checked:
         _checked[dtype] = _check(dtype)
-        if _checked[dtype] is not None and not any(m.startswith("pre-packed") for m in _noticed):  # one per process
-            notice(
-                f"pre-packed oneDNN kernels unavailable for {str(dtype).removeprefix('torch.')} "
-                f"({_checked[dtype]}); using F.linear"
-            )
+        reason = _checked[dtype]
+        if reason is not None:  # fp32's fallback is a warning; bf16's is expected on CPUs without bf16 support
+            message = f"pre-packed oneDNN kernels unavailable for {str(dtype).removeprefix('torch.')} ({reason})"
+            if dtype == torch.float32:
+                notice(message + "; using F.linear")
+            else:
+                log.info("leapdecode: %s; using F.linear", message)
     return _checked[dtype] is None
 
 
