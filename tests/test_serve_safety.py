@@ -146,7 +146,7 @@ REFUSED = [
     ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
-    ("/v1/chat/completions", {"echo": True}, "echo"),
+    ("/v1/chat/completions", {"echo": "yes"}, "echo"),
     ("/v1/chat/completions", {"chat_template": "{{ 1 }}"}, "chat_template"),
     ("/v1/chat/completions", {"reasoning_effort": "high"}, "reasoning_effort"),
     (

@@ -355,3 +355,28 @@ def test_continuous_usage_stats_count_in_every_chunk(client, target):
     assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage.completion_tokens == len(
         alone(target, ids, 4).token_ids
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_echo_starts_the_answer_with_the_assistants_last_message(client, target, stream):
+    """vLLM's chat `echo`: with a prefilled assistant message to continue, the answer is that message and then what
+    the model adds (streamed: the echo comes first, as text alone); after a user's message echo adds nothing."""
+    prefilled = [*MESSAGES, {"role": "assistant", "content": "the w3 w7"}]
+    ids = encode_prompt(target.tokenizer, prefilled, continue_final=True, generation_prompt=False)
+    continued = "the w3 w7" + alone(target, ids, 10).text
+    options = dict(model="tiny", max_tokens=10, temperature=0, logprobs=True, stream=stream)
+    body = {"echo": True, "continue_final_message": True, "add_generation_prompt": False}
+    plain_body = {"echo": True}
+    for messages, extra, expected in (
+        (prefilled, body, continued),
+        (MESSAGES, plain_body, alone(target, encode_prompt(target.tokenizer, MESSAGES), 10).text),
+    ):
+        answer = client.chat.completions.create(messages=messages, extra_body=extra, **options)
+        if stream:
+            chunks = [c for c in answer if c.choices]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            scored = sum(len(c.choices[0].logprobs.content) for c in chunks if c.choices[0].logprobs)
+        else:
+            text, scored = answer.choices[0].message.content, len(answer.choices[0].logprobs.content)
+        assert text == expected
+        assert scored == 10  # the new tokens' logprobs only: the echo is not scored

@@ -55,7 +55,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
             lambda tok: encode_all(tok, prompts, chat, param, template_tools, special_tokens=special, **template)
         )
     all_ids = [body.truncated(ids, context) for ids in encoded]
-    echoes = [""] * len(all_ids)
+    echoes = [body.echoed()] if chat else [""] * len(all_ids)
     if not chat and body.echo:
         skip = body.skip_special_tokens is not False
         echoes = await state.tokenizers.run(lambda tok: [decode(tok, ids, skip) for ids in all_ids])

@@ -236,6 +236,7 @@ class ChatCompletionRequest(_Common, ChatTemplateFields):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[StrictBool] = None
+    echo: Optional[StrictBool] = False  # vLLM's: the answer starts with the last message where it is the assistant's
 
     def unsupported(self):
         if self.top_logprobs is not None and not self.logprobs:
@@ -248,6 +249,11 @@ class ChatCompletionRequest(_Common, ChatTemplateFields):
 
     def chat(self) -> list[dict]:
         return chat_messages(self.messages)
+
+    def echoed(self) -> str:
+        """What `echo` puts before the answer: the last message's text where it is the assistant's, else nothing."""
+        last = self.messages[-1]
+        return last.text(len(self.messages) - 1) if self.echo and last.role == "assistant" else ""
 
 
 def chat_messages(messages: list[Message]) -> list[dict]:

@@ -253,7 +253,7 @@ class Run:
     def prompt_entries(self, i: int, out) -> list[TokenLogprobs]:
         """An echoed prompt's logprobs, carried by choice i's first output (completions with echo and logprobs): its
         first token has none (logprob None, as vLLM and OpenAI answer it)."""
-        if not out.prompt_logprobs or not self.jobs[i]["echo"] or self.num_logprobs is None:
+        if self.chat or not out.prompt_logprobs or not self.jobs[i]["echo"] or self.num_logprobs is None:
             return []
         return [TokenLogprobs(self.jobs[i]["prompt_ids"][0], None), *out.prompt_logprobs[1:]]
 
@@ -355,11 +355,13 @@ class Run:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
         # an echo with logprobs waits for the prompt's logprobs, which come with the choice's first output
+        # (a chat's echo is text alone, as vLLM's)
         deferred = {i for i, job in enumerate(self.jobs) if job["echo"] and self.num_logprobs is not None}
+        deferred = set() if self.chat else deferred
         for i, job in enumerate(self.jobs):
             if self.chat:
                 yield sse(self._chunk(i, None, None, role=True))
-            elif job["echo"] and i not in deferred:
+            if job["echo"] and i not in deferred:
                 yield sse(self._chunk(i, job["echo"], None))
         async for i, out in self.outputs():
             if i in deferred:
