@@ -29,6 +29,7 @@ def encode_prompt(
     documents: list[dict] | None = None,
     variables: dict | None = None,
     special_tokens: bool | None = None,
+    template: str | None = None,
 ) -> list[int]:
     """Token ids of the prompt: through the chat template when the tokenizer has one (unless raw), else as is.
     A list of token ids is taken as it is. `tools`: function definitions the chat template shows the model.
@@ -37,7 +38,7 @@ def encode_prompt(
     `documents`: for a template that renders them (RAG); `variables`: more of the template's variables (vLLM's
     `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`); `special_tokens`: whether the tokenizer adds its own
     special tokens (e.g. a BOS) around the text (vLLM's `add_special_tokens`; None: yes for raw text, no for a
-    template's text, which holds them already)."""
+    template's text, which holds them already); `template`: a chat template to render with instead of the tokenizer's."""
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer)
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
@@ -45,11 +46,11 @@ def encode_prompt(
         return list(prompt)
     if isinstance(prompt, str):
         require(prompt.strip() != "", "the prompt is empty")
-        if raw or not getattr(tokenizer, "chat_template", None):
+        if raw or not (template or getattr(tokenizer, "chat_template", None)):
             return tokenizer(prompt, add_special_tokens=special_tokens is not False)["input_ids"]
         prompt = [{"role": "user", "content": prompt}]
     require(len(prompt) > 0, "the prompt is empty")
-    text = chat_text(tokenizer, prompt, tools, continue_final, generation_prompt, documents, variables)
+    text = chat_text(tokenizer, prompt, tools, continue_final, generation_prompt, documents, variables, template)
     return tokenizer(text, add_special_tokens=bool(special_tokens))["input_ids"]
 
 
@@ -61,11 +62,12 @@ def chat_text(
     generation_prompt: bool = True,
     documents: list[dict] | None = None,
     variables: dict | None = None,
+    template: str | None = None,
 ) -> str:
     """The chat template's text of `messages` (encode_prompt's options; the server's /tokenize renders through
     here too, so its count is the one a chat completion would use)."""
     require(
-        getattr(tokenizer, "chat_template", None) is not None,
+        (template or getattr(tokenizer, "chat_template", None)) is not None,
         "a list of chat messages needs a tokenizer with a chat template; pass a string with raw=True instead",
     )
     clash = sorted(RESERVED_VARIABLES & set(variables or ()))
@@ -77,6 +79,8 @@ def chat_text(
         extra["documents"] = documents
     if continue_final:
         extra["continue_final_message"] = True
+    if template:
+        extra["chat_template"] = template
     opening = generation_prompt and not continue_final
     return tokenizer.apply_chat_template(list(messages), add_generation_prompt=opening, tokenize=False, **extra)
 
@@ -89,6 +93,11 @@ def read_chat_template(value: str) -> str:
         value = path.read_text(encoding="utf-8")
     elif "{{" not in value and "{%" not in value:
         raise LeapDecodeError(f"chat template {value!r} is neither a file nor a Jinja template")
+    return parse_chat_template(value)
+
+
+def parse_chat_template(value: str) -> str:
+    """`value` once it parses as Jinja (as transformers renders chat templates), else a one-line LeapDecodeError."""
     from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -104,12 +104,8 @@ def error_response(error: APIError, headers: dict | None = None) -> JSONResponse
 def _internal(error: Exception) -> APIError:
     eid = error_id()
     log.error("internal error %s: %s: %s", eid, type(error).__name__, error, exc_info=error)
-    return APIError(
-        500,
-        f"internal server error (error id {eid}; the server log has the details)",
-        type="server_error",
-        code="internal_error",
-    )
+    message = f"internal server error (error id {eid}; the server log has the details)"
+    return APIError(500, message, type="server_error", code="internal_error")
 
 
 async def _read_body(state: ServerState, request: Request) -> bytes:
@@ -271,9 +267,10 @@ async def _tokenizer_call(state: ServerState, request: Request, model_class, fn)
 
 
 async def tokenize_route(state: ServerState, request: Request) -> Response:
-    context = state.engine.context_length
+    context, trusted = state.engine.context_length, state.security.trust_request_chat_template
 
     def run(tokenizer, body):
+        body.check_own_template(trusted)
         return {**tokenize(tokenizer, body), "max_model_len": context}
 
     return await _tokenizer_call(state, request, TokenizeRequest, run)

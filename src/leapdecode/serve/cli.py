@@ -42,7 +42,9 @@ def server_options(args) -> dict:
             request_timeout=args.request_timeout,
             shutdown_timeout=args.shutdown_timeout,
         ),
-        security=Security(args.host, _names(args.allowed_hosts), _names(args.allowed_origins)),
+        security=Security(
+            args.host, _names(args.allowed_hosts), _names(args.allowed_origins), args.trust_request_chat_template
+        ),
     )
 
 
@@ -83,6 +85,11 @@ def add_serve(sub) -> None:
     p.add_argument(
         "--chat-template",
         help="render chat messages with this Jinja template (a file, or the text) instead of the model's",
+    )
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let a chat request bring its own `chat_template` (vLLM's flag; without it such a request gets 400)",
     )
     p.add_argument(
         "--scheduling-policy",

@@ -56,7 +56,6 @@ CHAT_REFUSED = {
     "reasoning_effort": (_falsy, "the served model has no reasoning settings"),
     "verbosity": (_falsy, ""),
     "web_search_options": (_falsy, "web search is not supported"),
-    "chat_template": (_falsy, "a template per request is not taken: start the server with --chat-template"),
     "mm_processor_kwargs": (_falsy, ""),
 }
 

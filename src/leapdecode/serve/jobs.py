@@ -132,14 +132,16 @@ def _prompt_logprobs(body, chat: bool, max_tokens: int) -> int | None:
 
 def _chat(state, body, tools: ToolChoice) -> list[dict]:
     """The call's messages for the chat template; "auto" tool calls need a template that shows the model its tools."""
-    if tools.mode == "auto" and not knows_tools(state.engine.tokenizer):
+    body.check_own_template(state.security.trust_request_chat_template)
+    renderer = body.renderer(state.engine.tokenizer)
+    if tools.mode == "auto" and not knows_tools(renderer):
         raise APIError(
             400,
             f"tool_choice 'auto' needs a chat template that shows the model its tools; {state.model_name}'s does not: "
             "use tool_choice 'required' or name a function (the answer then follows the tools' schemas)",
             "tool_choice",
         )
-    return template_history(state.engine.tokenizer, body.chat())
+    return template_history(renderer, body.chat())
 
 
 def _structured(field: str, spec: dict) -> StructuredOutput:

@@ -11,11 +11,13 @@ fields are ignored, logged, and listed in the answer's `x-leapdecode-ignored-fie
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from ..prompt import RESERVED_VARIABLES
+from ..errors import LeapDecodeError
+from ..prompt import RESERVED_VARIABLES, parse_chat_template
 from . import fields
 
 
@@ -208,6 +210,7 @@ class ChatTemplateFields(BaseModel):
     continue_final_message: Optional[StrictBool] = False  # the answer continues the last message (prefill)
     chat_template_kwargs: Optional[dict[str, Any]] = None  # more variables for the chat template
     documents: Optional[list[dict[str, str]]] = None  # for a template that renders them (HF's `documents`)
+    chat_template: Optional[str] = None  # this request's own template (needs --trust-request-chat-template)
 
     def template_problem(self) -> tuple[str, str] | None:
         """(param, message) for template fields that cannot go together, or None."""
@@ -225,7 +228,28 @@ class ChatTemplateFields(BaseModel):
             generation_prompt=self.add_generation_prompt is not False,
             documents=self.documents,
             variables=self.chat_template_kwargs,
+            template=self.chat_template,
         )
+
+    def check_own_template(self, trusted: bool) -> None:
+        """APIError(400) for a request's own `chat_template` unless the server trusts them and it parses."""
+        if self.chat_template is None:
+            return
+        if not trusted:
+            raise APIError(
+                400,
+                "chat_template: a template per request is taken only from a server started with "
+                "--trust-request-chat-template (or start it with --chat-template for every request)",
+                "chat_template",
+            )
+        try:
+            parse_chat_template(self.chat_template)
+        except LeapDecodeError as e:
+            raise APIError(400, f"chat_template: {e}", "chat_template") from None
+
+    def renderer(self, tokenizer):
+        """What serve/tools.py reads a template from: the request's own, else the tokenizer's."""
+        return tokenizer if self.chat_template is None else SimpleNamespace(chat_template=self.chat_template)
 
 
 class ChatCompletionRequest(_Common, ChatTemplateFields):

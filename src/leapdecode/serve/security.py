@@ -55,11 +55,13 @@ def _is_ip(name: str) -> bool:
 
 @dataclass
 class Security:
-    """The server's Host and Origin allow-lists (see the module's doc)."""
+    """The server's Host and Origin allow-lists (see the module's doc), and whether a chat request may bring its own
+    chat template (vLLM's --trust-request-chat-template: a template is code the server runs, in Jinja's sandbox)."""
 
     bound_host: str = "127.0.0.1"
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
+    trust_request_chat_template: bool = False
     _hosts: set = field(init=False, repr=False)
 
     def __post_init__(self):
