@@ -133,15 +133,15 @@ def _prompt_logprobs(body, chat: bool, max_tokens: int) -> int | None:
 def _chat(state, body, tools: ToolChoice) -> list[dict]:
     """The call's messages for the chat template; "auto" tool calls need a template that shows the model its tools."""
     body.check_own_template(state.security.trust_request_chat_template)
-    renderer = body.renderer(state.engine.tokenizer)
-    if tools.mode == "auto" and not knows_tools(renderer):
+    template = body.template_of(state.engine.tokenizer)
+    if tools.mode == "auto" and not knows_tools(template):
         raise APIError(
             400,
             f"tool_choice 'auto' needs a chat template that shows the model its tools; {state.model_name}'s does not: "
             "use tool_choice 'required' or name a function (the answer then follows the tools' schemas)",
             "tool_choice",
         )
-    return template_history(renderer, body.chat())
+    return template_history(template, body.chat())
 
 
 def _structured(field: str, spec: dict) -> StructuredOutput:

@@ -11,7 +11,6 @@ fields are ignored, logged, and listed in the answer's `x-leapdecode-ignored-fie
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
@@ -247,9 +246,9 @@ class ChatTemplateFields(BaseModel):
         except LeapDecodeError as e:
             raise APIError(400, f"chat_template: {e}", "chat_template") from None
 
-    def renderer(self, tokenizer):
-        """What serve/tools.py reads a template from: the request's own, else the tokenizer's."""
-        return tokenizer if self.chat_template is None else SimpleNamespace(chat_template=self.chat_template)
+    def template_of(self, tokenizer):
+        """The chat template this request renders with: its own, else the tokenizer's (None where neither has one)."""
+        return self.chat_template if self.chat_template is not None else getattr(tokenizer, "chat_template", None)
 
 
 class ChatCompletionRequest(_Common, ChatTemplateFields):

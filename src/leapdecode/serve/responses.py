@@ -354,10 +354,10 @@ class Run:
         def sse(obj) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-        # an echo with logprobs waits for the prompt's logprobs, which come with the choice's first output
-        # (a chat's echo is text alone, as vLLM's)
-        deferred = {i for i, job in enumerate(self.jobs) if job["echo"] and self.num_logprobs is not None}
-        deferred = set() if self.chat else deferred
+        # a completion's echo with logprobs waits for the prompt's logprobs, which come with the choice's first
+        # output (a chat's echo is text alone, as vLLM's)
+        scored = self.num_logprobs is not None and not self.chat
+        deferred = {i for i, job in enumerate(self.jobs) if job["echo"] and scored}
         for i, job in enumerate(self.jobs):
             if self.chat:
                 yield sse(self._chunk(i, None, None, role=True))

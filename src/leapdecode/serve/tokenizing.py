@@ -127,13 +127,14 @@ def tokenize(tokenizer, body: TokenizeRequest) -> dict:
 
 def _chat_text(tokenizer, body: TokenizeRequest) -> str:
     """The template's text of the messages, as a chat completion with the same fields renders it."""
-    if getattr(body.renderer(tokenizer), "chat_template", None) is None:
+    template = body.template_of(tokenizer)
+    if template is None:
         raise APIError(400, "messages: the model has no chat template", param="messages")
     problem = body.template_problem()
     if problem is not None:
         raise APIError(400, problem[1], param=problem[0])
     tools = ToolChoice(body.tools, None, None).template_tools() if body.tools else None
-    messages = template_history(body.renderer(tokenizer), chat_messages(body.messages))
+    messages = template_history(template, chat_messages(body.messages))
     try:
         return chat_text(tokenizer, messages, tools, **body.template_options())
     except Exception as e:  # the chat template raised (its own checks, e.g. roles that must alternate)

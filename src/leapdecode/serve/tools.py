@@ -28,9 +28,9 @@ CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
-def knows_tools(tokenizer) -> bool:
-    """Whether the model's chat template renders a `tools` list (so "auto" can show the model its tools)."""
-    template = getattr(tokenizer, "chat_template", None) or ""
+def knows_tools(template) -> bool:
+    """Whether a chat template renders a `tools` list (so "auto" can show the model its tools)."""
+    template = template or ""
     return "tools" in (template if isinstance(template, str) else json.dumps(template))
 
 
@@ -131,9 +131,9 @@ class ToolChoice:
         return _call(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
-def template_history(tokenizer, messages: list[dict]) -> list[dict]:
-    """Chat messages as `tokenizer`'s template takes them (template_message on each)."""
-    template = getattr(tokenizer, "chat_template", None) or ""
+def template_history(template, messages: list[dict]) -> list[dict]:
+    """Chat messages as a chat template takes them (template_message on each)."""
+    template = template or ""
     renders_calls = "tool_calls" in (template if isinstance(template, str) else str(template))
     return [template_message(m, i, renders_calls) for i, m in enumerate(messages)]
 
