@@ -76,3 +76,22 @@ def test_a_replaced_projection_is_picked_up_and_unsupported_modules_keep_hf_forw
 def test_decoder_setting_is_checked():
     with pytest.raises(ValueError, match="decoder must be one of fused, hf"):
         kernels.configure(decoder="fast")
+
+
+@pytest.mark.parametrize(
+    "rope", [None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}]
+)
+def test_rotary_rows_are_those_of_the_models_own_rotary_embedding(rope):
+    """The fused forward reads cos/sin from a table for fixed frequencies (and calls the model's rotary for dynamic
+    ones): every position, in any order and past the table's first size, gets the bits of a call for it alone."""
+    model = tiny_model("llama", seed=24, vocab=97)
+    if rope is not None:
+        model.config.rope_parameters = {"rope_theta": model.config.rope_parameters["rope_theta"], **rope}
+        model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
+    decoder = fused_decoder(model)
+    x = torch.zeros(1, 1, model.config.hidden_size)
+    for positions in ([0], [7, 8, 9, 10], [1500], list(range(300, 556)), [3, 2000, 1]):
+        p = torch.tensor(positions)
+        want, got = model.model.rotary_emb(x, p[None]), decoder.rotary(x, p)
+        assert all(torch.equal(w, g) for w, g in zip(want, got)), positions
+    assert (decoder._rope_table is None) == (rope is not None and rope["rope_type"] == "dynamic")

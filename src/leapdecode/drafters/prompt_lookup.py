@@ -1,5 +1,7 @@
 """Prompt lookup decoding (Saxena 2023; input-guided copy): find the latest earlier occurrence of the last n tokens
-in prompt + output and propose the tokens that followed it. Longer n-grams are tried first.
+in prompt + output and propose the tokens that followed it. Longer n-grams are tried first. The occurrences are kept
+in a table per n-gram length, extended by the tokens each step adds (a request's context only grows), so a lookup
+costs a few dictionary reads rather than a scan of the whole context.
 
 Whether a copy goes on is learnt (drafters.calibration): each copied token's acceptance is estimated per matched
 n-gram length and position in the copy, from how such tokens fared in earlier steps, and the draft stops where the
@@ -8,8 +10,6 @@ pays: where the answer copies the prompt long copies are verified whole, where i
 the copy costs no verified rows."""
 
 from __future__ import annotations
-
-import torch
 
 from ..errors import require
 from .base import EMPTY, Draft, Drafter
@@ -37,15 +37,28 @@ class PromptLookupDrafter(Drafter):
     def start(self, prompt_ids, sampling) -> None:
         self.greedy = sampling is None or sampling.greedy
         self.proposal: tuple[list[int], list] | None = None  # the last copy, whole: tokens and their bins
+        self._forget()
+
+    def _forget(self) -> None:
+        # per n-gram length 1 .. max_ngram: n-gram -> where the tokens after its latest occurrence start, for the
+        # n-grams ending before the context's last token (the context's own tail is not an earlier occurrence)
+        self.seen: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.max_ngram + 1)]
+        self.indexed = 0  # n-grams ending at positions below this are in `seen`
+
+    def _index(self, context: list[int]) -> None:
+        if len(context) < self.indexed:  # not the context it indexed (contexts only grow): index it afresh
+            self._forget()
+        for end in range(max(self.indexed, 1), len(context)):
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self.seen[n][tuple(context[end - n : end])] = end
+        self.indexed = max(self.indexed, len(context))
 
     def propose(self, context: list[int], k: int) -> Draft:
         self.proposal = None
-        ids = torch.tensor(context)
+        self._index(context)
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            windows = ids[:-1].unfold(0, n, 1)  # every earlier n-gram that has at least one token after it
-            hits = (windows == ids[-n:]).all(-1).nonzero()
-            if len(hits):
-                start = int(hits[-1]) + n
+            start = self.seen[n].get(tuple(context[-n:]))
+            if start is not None:
                 return self._estimated(context[start : start + k], n)
         return EMPTY
 
