@@ -91,6 +91,19 @@ def test_generate_json_prints_only_json(capsys, tiny_dir, monkeypatch):
     assert "kernels (once)" not in err
 
 
+def test_generate_with_a_prediction_file_gives_the_same_answer(capsys, tiny_dir, tmp_path):
+    args = ["generate", "hello world w1 w2", "--model", tiny_dir, "--json", "--max-new-tokens", "16"]
+    code, out, _ = run_cli(capsys, *args, "--drafter", "none")
+    plain = json.loads(out)
+    predicted = tmp_path / "answer.txt"
+    predicted.write_text(plain["text"])
+    code, out, _ = run_cli(capsys, *args, "--drafter", "none", "--prediction", str(predicted))
+    result = json.loads(out)
+    assert code == 0 and result["token_ids"] == plain["token_ids"]
+    assert result["prediction_tokens"] > 0 and result["accepted_prediction_tokens"] > 0
+    assert result["forward_passes"] < plain["forward_passes"]
+
+
 def test_draft_model_with_same_tokenizer_runs(capsys, tiny_dir):
     code, out, _ = run_cli(
         capsys,
@@ -150,6 +163,7 @@ BAD_INPUTS = {
     ),
     "unexpected weights": (["--model", "{unexpected}"], "config.json: unexpected model.extra.weight"),
     "suffix without fill-in-the-middle tokens": (["--suffix", "w1"], "no fill-in-the-middle tokens"),
+    "unreadable prediction": (["--prediction", "/nonexistent/answer.txt"], "--prediction: cannot read"),
     "misshapen weights": (["--model", "{misshapen}"], "config.json: wrong shape model.norm.weight"),
 }
 

@@ -15,6 +15,7 @@ from leapdecode import verify
 from leapdecode.controller import DraftLengthController
 from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter
+from leapdecode.drafters.prediction import with_prediction
 from leapdecode.runner import Runner
 from leapdecode.sampling import SamplingConfig, probabilities
 
@@ -158,11 +159,11 @@ def test_seeded_sampling_is_the_same_for_every_model_free_drafter_and_draft_leng
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
     cfg = SamplingConfig(temperature=0.9, top_k=20, top_p=0.95, seed=seed)
 
-    def sample(name: str, k: int, adaptive: bool) -> list[int]:
+    def sample(name: str, k: int, adaptive: bool, prediction=()) -> list[int]:
         out, _ = decode(
             Runner(target),
             prompt,
-            make_drafter(name),
+            with_prediction(make_drafter(name), prediction),
             sampling=cfg,
             controller=DraftLengthController(k_init=k, k_max=8, adaptive=adaptive),
             max_new_tokens=24,
@@ -175,6 +176,8 @@ def test_seeded_sampling_is_the_same_for_every_model_free_drafter_and_draft_leng
     for name, k, adaptive in (("prompt-lookup", 3, False), ("prompt-lookup", 8, True), ("ngram", 5, False)):
         assert sample(name, k, adaptive) == plain, (name, k, adaptive)
     assert sample("none", 1, False) == plain  # and the same seed gives the same tokens again
+    for prediction in (plain, plain[::-1]):  # copies of a request's prediction (drafters.prediction) are one-hot too
+        assert sample("none", 4, True, prediction) == plain
 
 
 def hf_probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

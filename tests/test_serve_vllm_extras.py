@@ -380,3 +380,38 @@ def test_chat_echo_starts_the_answer_with_the_assistants_last_message(client, ta
             text, scored = answer.choices[0].message.content, len(answer.choices[0].logprobs.content)
         assert text == expected
         assert scored == 10  # the new tokens' logprobs only: the echo is not scored
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_predicted_outputs_change_nothing_but_the_usage(client, target, stream):
+    """OpenAI's `prediction` through the openai client: the answer is the one without a prediction; usage counts the
+    prediction's tokens the answer followed and the rest; a bad prediction is a 400 naming it."""
+    ref = alone(target, encode_prompt(target.tokenizer, MESSAGES), 20)
+    half = target.tokenizer.decode(ref.token_ids[:10])
+    options = dict(model="tiny", messages=MESSAGES, max_tokens=20, temperature=0)
+    for prediction, followed in ((ref.text, len(ref.token_ids)), (half + " w40 w41", None), ("w50 w51", None)):
+        predicted = {"type": "content", "content": [{"type": "text", "text": prediction}]}
+        if stream:
+            chunks = list(
+                client.chat.completions.create(
+                    **options, prediction=predicted, stream=True, stream_options={"include_usage": True}
+                )
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            used = chunks[-1].usage
+        else:
+            r = client.chat.completions.create(**options, prediction=predicted)
+            text, used = r.choices[0].message.content, r.usage
+        assert text == ref.text
+        details = used.completion_tokens_details
+        total = len(target.tokenizer.encode(prediction, add_special_tokens=False))
+        assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == total
+        if followed is not None:
+            assert details.accepted_prediction_tokens == followed
+    assert client.chat.completions.create(**options).usage.completion_tokens_details is None
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(**options, prediction={"type": "content", "content": [{"type": "image_url"}]})
+    assert bad.value.body["param"] == "prediction.content"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(**options, prediction={"type": "audio", "content": "x"})
+    assert "prediction" in bad.value.body["param"]

@@ -9,6 +9,7 @@ from .controller import DraftLengthController, costs_for
 from .decode import decode
 from .drafters import Drafter
 from .drafters.factory import build_drafter
+from .drafters.prediction import with_prediction
 from .errors import require
 from .kv.prefix_cache import PrefixCache
 from .kv.prefix_cache import for_model as prefix_cache_for
@@ -70,7 +71,10 @@ def generate(
     )
     if kv_press is not None:
         kv_press.check(target.model)
-    chosen = build_drafter(drafter, target, draft_model, draft_dtype, **(drafter_options or {}))
+    chosen = with_prediction(
+        build_drafter(drafter, target, draft_model, draft_dtype, **(drafter_options or {})),
+        params.prediction_ids(target.tokenizer),
+    )
     if prefix_cache is True:
         prefix_cache = prefix_cache_for(target.model)
     runner = Runner(target.model, kv_press, packed_weights, prefix_cache=prefix_cache or None)

@@ -67,6 +67,11 @@ def add_generate(sub) -> None:
     p.add_argument(
         "--hf-kernels", action="store_true", help="HF's forward and F.linear instead of leapdecode's kernels (slower)"
     )
+    p.add_argument(
+        "--prediction",
+        help="a file whose text the answer will largely repeat (e.g. code to edit): drafts copy it (OpenAI's "
+        "Predicted Outputs); the answer is unchanged",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.set_defaults(func=run_generate)
 
@@ -125,7 +130,12 @@ def run_generate(args) -> int:
     print(
         f"[{result.model} · {result.drafter}] {s.new_tokens} tokens in {s.total_time:.2f} s = "
         f"{s.tokens_per_second:.1f} tok/s · {s.forward_passes} forward passes · "
-        f"{s.mean_accepted_tokens:.2f} tokens/forward · first token {s.time_to_first_token * 1000:.0f} ms",
+        f"{s.mean_accepted_tokens:.2f} tokens/forward · first token {s.time_to_first_token * 1000:.0f} ms"
+        + (
+            f" · {s.accepted_prediction_tokens} of {s.prediction_tokens} prediction tokens followed"
+            if s.prediction_tokens
+            else ""
+        ),
         file=sys.stderr,
     )
     return 0
@@ -159,7 +169,16 @@ def _generate(args, target, prompt, press, stream):
         packed_weights=not args.hf_kernels,
         drafter_options={"head": args.head} if args.head else None,
         stream=stream,
+        prediction=_read_text(args.prediction, "--prediction") if args.prediction else None,
     )
+
+
+def _read_text(path: str, option: str) -> str:
+    try:
+        return pathlib.Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise LeapDecodeError(f"{option}: cannot read {path}: {why}") from None
 
 
 def _structured(args) -> dict | None:

@@ -64,7 +64,9 @@ class RequestParams:
     string that ended it (vLLM's; by default it is cut before it); `skip_special_tokens`: False keeps special tokens
     (e.g. a template's tags) in the text.
     `structured_output`: a grammar every output follows (structured.StructuredOutput, or vLLM's dict: {"json":
-    schema}, {"json_object": True}, {"regex": ...}, {"choice": [...]}, {"grammar": ...})."""
+    schema}, {"json_object": True}, {"regex": ...}, {"choice": [...]}, {"grammar": ...}).
+    `prediction`: text (or its token ids) the output is expected to largely repeat, OpenAI's Predicted Outputs: drafts
+    copy it (drafters.prediction). It changes the speed, never the output."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -88,6 +90,7 @@ class RequestParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured_output: StructuredOutput | dict | None = None
+    prediction: str | tuple[int, ...] | None = None
     sampling: SamplingConfig = field(init=False, repr=False, compare=False)
     penalties: Penalties = field(init=False, repr=False, compare=False)
 
@@ -156,6 +159,15 @@ class RequestParams:
         )
         object.__setattr__(self, "penalties", penalties)
         object.__setattr__(self, "structured_output", StructuredOutput.of(self.structured_output))
+        prediction = self.prediction
+        require(
+            prediction is None
+            or isinstance(prediction, str)
+            or (isinstance(prediction, (list, tuple)) and all(_is_int(t) and t >= 0 for t in prediction)),
+            f"prediction must be a string or a list of token ids, got {type(prediction).__name__}",
+        )
+        if isinstance(prediction, list):
+            object.__setattr__(self, "prediction", tuple(prediction))
 
     def prepare(self, tokenizer) -> None:
         """Fail in one line where the request names a token the tokenizer does not have (logit_bias, allowed ids);
@@ -168,6 +180,14 @@ class RequestParams:
         require(bad is None, f"logit_bias: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
         bad = next((t for t in self.penalties.allowed if t >= vocab), None)
         require(bad is None, f"allowed_token_ids: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
+        bad = next((t for t in self.prediction if t >= vocab), None) if isinstance(self.prediction, tuple) else None
+        require(bad is None, f"prediction: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
+
+    def prediction_ids(self, tokenizer) -> list[int]:
+        """The prediction's token ids (its text as the tokenizer reads it, without special tokens); [] for none."""
+        if isinstance(self.prediction, str):
+            return tokenizer.encode(self.prediction, add_special_tokens=False) if self.prediction else []
+        return list(self.prediction or ())
 
     def state_options(self) -> dict:
         """SequenceState's keyword arguments besides the sampling settings and max_new_tokens: where the output may

@@ -18,6 +18,8 @@ class GenerationStats:
     draft_time: float = 0.0  # seconds spent inside the drafter
     stop_reason: str = ""  # "eos", "length" (max_new_tokens) or "context" (model context full)
     accepted_per_step: list[int] = field(default_factory=list)  # new tokens per decode step
+    prediction_tokens: int = 0  # of the request's prediction (RequestParams.prediction)
+    accepted_prediction_tokens: int = 0  # of those, the ones the output followed (drafters.prediction)
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -47,6 +49,8 @@ class GenerationStats:
             "total_time": round(self.total_time, 4),
             "draft_time": round(self.draft_time, 4),
             "stop_reason": self.stop_reason,
+            "prediction_tokens": self.prediction_tokens,
+            "accepted_prediction_tokens": self.accepted_prediction_tokens,
         }
 
 

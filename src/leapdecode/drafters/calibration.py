@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+from .base import Draft
+
 PRIOR_WEIGHT = 2.0  # the prior is worth this many samples of a bin
 EXPLORE_EVERY = 32  # skips of a group (its mean under the floor) between two drafts made to score it anyway
 
@@ -77,3 +79,19 @@ def score(calibration: AcceptanceCalibration, proposal: tuple[list[int], list] |
     if proposal is not None:
         tokens, keys = proposal
         calibration.record(keys, tokens, produced)
+
+
+def estimated_draft(
+    calibration: AcceptanceCalibration, copied: list[int], keys: list[tuple], prior: float, floor: float
+) -> tuple[Draft, tuple[list[int], list]]:
+    """A copied span as a draft: each token with its bin's estimated acceptance, cut where the probability that all
+    of it is accepted falls under `floor`; and the whole span with its keys, to be scored (`score`) after the step."""
+    tokens, estimates, running = [], [], 1.0
+    for token, (group, where) in zip(copied, keys):
+        rate = calibration.rate(group, where, prior)
+        running *= rate
+        if running < floor:
+            break
+        tokens.append(token)
+        estimates.append(rate)
+    return Draft(tokens, estimates=tuple(estimates)), (copied, keys)

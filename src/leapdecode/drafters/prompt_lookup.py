@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..errors import require
 from .base import EMPTY, Draft, Drafter
-from .calibration import AcceptanceCalibration, score
+from .calibration import AcceptanceCalibration, estimated_draft, score
 
 PRIOR = 0.5  # a copied token's acceptance before any evidence
 MAX_POSITION = 7  # positions past it share one bin
@@ -66,17 +66,9 @@ class PromptLookupDrafter(Drafter):
         """The copy with each token's estimated acceptance, cut where the probability that all of it is accepted
         falls under the floor (the whole copy is still proposed: observe scores it)."""
         group = ("copy", self.greedy)
-        keys, tokens, estimates, running = [], [], [], 1.0
-        for j, token in enumerate(copied):
-            where = (n, min(j, MAX_POSITION))
-            rate = self.calibration.rate(group, where, PRIOR)
-            keys.append((group, where))
-            running *= rate
-            if running >= self.floor and len(tokens) == j:
-                tokens.append(token)
-                estimates.append(rate)
-        self.proposal = (copied, keys)
-        return Draft(tokens, estimates=tuple(estimates))
+        keys = [(group, (n, min(j, MAX_POSITION))) for j in range(len(copied))]
+        draft, self.proposal = estimated_draft(self.calibration, copied, keys, PRIOR, self.floor)
+        return draft
 
     def observe(self, context: list[int], n_new: int) -> None:
         score(self.calibration, self.proposal, context[-n_new:])

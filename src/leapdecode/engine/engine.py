@@ -178,6 +178,7 @@ class Engine:
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, params.raw)
             params.prepare(self.tokenizer)
+            prediction = params.prediction_ids(self.tokenizer)
             if grammar is None:
                 grammar = grammar_for(params.structured_output, self.target)
         require(
@@ -192,7 +193,7 @@ class Engine:
             params.skip_special_tokens,
         )
         with self._lock:
-            request = Request(next(self._ids), prompt_ids, params, text, on_output, grammar, priority)
+            request = Request(next(self._ids), prompt_ids, params, text, on_output, grammar, priority, prediction)
             self._requests[request.id] = request
         with self.scheduler.lock:
             self.scheduler.incoming.append(request)

@@ -51,8 +51,10 @@ class Request:
         on_output,
         grammar=None,
         priority: int = 0,
+        prediction: list[int] | None = None,
     ):
         self.id, self.prompt_ids, self.params, self.text, self.on_output = rid, prompt_ids, params, text, on_output
+        self.prediction = prediction or []  # params.prediction's token ids (drafters.prediction)
         self.priority = priority  # under the priority policy: lower is admitted first and preempted last
         self.grammar = grammar  # structured.Grammar of params.structured_output, compiled once at add_request
         self.arrival = time.perf_counter()

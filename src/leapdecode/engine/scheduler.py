@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths, row_floor
 from ..drafters import Drafter
+from ..drafters.prediction import with_prediction
 from ..errors import require
 from ..kv.prefix_cache import PrefixCache
 from ..kv.slots import Segment, SequenceKV, room_for
@@ -216,7 +217,7 @@ class Scheduler:
         controller.accepted, controller.rejected = self.acceptance.prior()
         seq = SequenceState(
             request.prompt_ids,
-            self.make_drafter(),
+            with_prediction(self.make_drafter(), request.prediction),
             controller=controller,
             sampling=request.params.sampling,
             max_new_tokens=request.params.max_new_tokens,

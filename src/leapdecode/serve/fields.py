@@ -52,7 +52,6 @@ CHAT_REFUSED = {
     "function_call": (_neutral("none"), "function calling is not supported"),
     "audio": (_falsy, "audio output is not supported"),
     "modalities": (lambda v: v is None or v == ["text"], 'only ["text"] is supported'),
-    "prediction": (_falsy, "predicted outputs are not supported"),
     "reasoning_effort": (_falsy, "the served model has no reasoning settings"),
     "verbosity": (_falsy, ""),
     "web_search_options": (_falsy, "web search is not supported"),

@@ -55,6 +55,10 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
             lambda tok: encode_all(tok, prompts, chat, param, template_tools, special_tokens=special, **template)
         )
     all_ids = [body.truncated(ids, context) for ids in encoded]
+    predicted = body.predicted() if chat else ""
+    prediction = None  # as RequestParams.prediction_ids reads a text, tokenized off the event loop here
+    if predicted:
+        prediction = await state.tokenizers.run(lambda tok: tuple(tok.encode(predicted, add_special_tokens=False)))
     echoes = [body.echoed()] if chat else [""] * len(all_ids)
     if not chat and body.echo:
         skip = body.skip_special_tokens is not False
@@ -113,6 +117,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                         include_stop_str_in_output=bool(body.include_stop_str_in_output),
                         skip_special_tokens=body.skip_special_tokens is not False,
                         structured_output=structured,
+                        prediction=prediction,
                     ),
                 )
             )

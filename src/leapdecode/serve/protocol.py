@@ -188,18 +188,27 @@ class Message(BaseModel):
     tool_call_id: Optional[str] = None  # a tool message answers this call
 
     def text(self, index: int) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        if self.content is None:
-            return ""
-        parts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(
-                    400, f"messages[{index}].content: only text parts are supported", f"messages.{index}.content"
-                )
-            parts.append(part["text"])
-        return "".join(parts)
+        return text_of(self.content, f"messages.{index}.content")
+
+
+def text_of(content: str | list[dict] | None, param: str) -> str:
+    """A content field's text: a string, or the concatenation of its text parts; APIError(400) for other parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise APIError(400, f"{param}: only text parts are supported", param)
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to largely repeat (drafters.prediction copies it)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["content"]
+    content: Union[str, list[dict]]
 
 
 class ChatTemplateFields(BaseModel):
@@ -260,6 +269,7 @@ class ChatCompletionRequest(_Common, ChatTemplateFields):
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[StrictBool] = None
     echo: Optional[StrictBool] = False  # vLLM's: the answer starts with the last message where it is the assistant's
+    prediction: Optional[Prediction] = None  # OpenAI's Predicted Outputs
 
     def unsupported(self):
         if self.top_logprobs is not None and not self.logprobs:
@@ -272,6 +282,10 @@ class ChatCompletionRequest(_Common, ChatTemplateFields):
 
     def chat(self) -> list[dict]:
         return chat_messages(self.messages)
+
+    def predicted(self) -> str:
+        """The prediction's text ("" for none)."""
+        return "" if self.prediction is None else text_of(self.prediction.content, "prediction.content")
 
     def echoed(self) -> str:
         """What `echo` puts before the answer: the last message's text where it is the assistant's, else nothing."""
@@ -342,9 +356,17 @@ def _union_message(field: str) -> str:
     }[field]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `prediction`: (accepted, rejected) prediction tokens, for a call with a prediction."""
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if prediction is not None:
+        accepted, rejected = prediction
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": rejected,
+        }
+    return out

@@ -177,7 +177,11 @@ class Run:
             if id(job["prompt_ids"]) not in seen:
                 seen.add(id(job["prompt_ids"]))
                 prompt += len(job["prompt_ids"])
-        return usage(prompt, sum(self.tokens))
+        done = [s for s in self.stats if s is not None]  # a choice's prediction tokens are counted as it finishes
+        accepted = sum(s.accepted_prediction_tokens for s in done)
+        predicted = any(job["params"].get("prediction") for job in self.jobs)
+        prediction = (accepted, sum(s.prediction_tokens for s in done) - accepted) if predicted else None
+        return usage(prompt, sum(self.tokens), prediction)
 
     def spec(self, indices) -> dict:
         stats = [self.stats[i] for i in indices if self.stats[i] is not None]
