@@ -41,21 +41,9 @@ class PredictionDrafter(Drafter):
                 self.places.setdefault(tuple(self.prediction[end - n : end]), []).append(end)
         self.start([], None)
 
-    @property
-    def tier(self) -> int:
-        return self.inner.tier
-
-    @tier.setter
-    def tier(self, value: int) -> None:
-        self.inner.tier = value
-
-    @property
-    def floor(self) -> float:
-        return self.inner.floor
-
-    @floor.setter
-    def floor(self, value: float) -> None:
-        self.inner.floor = value
+    # what the caller sets before drafting (the gate's tier, the planner's floor) is the wrapped drafter's too
+    tier = property(lambda self: self.inner.tier, lambda self, value: setattr(self.inner, "tier", value))
+    floor = property(lambda self: self.inner.floor, lambda self, value: setattr(self.inner, "floor", value))
 
     def start(self, prompt_ids, sampling) -> None:
         self.inner.start(prompt_ids, sampling)
