@@ -184,10 +184,8 @@ class RequestParams:
         require(bad is None, f"prediction: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
 
     def prediction_ids(self, tokenizer) -> list[int]:
-        """The prediction's token ids (its text as the tokenizer reads it, without special tokens); [] for none."""
-        if isinstance(self.prediction, str):
-            return tokenizer.encode(self.prediction, add_special_tokens=False) if self.prediction else []
-        return list(self.prediction or ())
+        """The prediction's token ids (see prediction_ids)."""
+        return prediction_ids(tokenizer, self.prediction)
 
     def state_options(self) -> dict:
         """SequenceState's keyword arguments besides the sampling settings and max_new_tokens: where the output may
@@ -210,6 +208,13 @@ class RequestParams:
         unknown = sorted(set(options) - set(REQUEST_OPTIONS))
         require(not unknown, f"unknown request option(s) {', '.join(unknown)}; options: {', '.join(REQUEST_OPTIONS)}")
         return cls(**options)
+
+
+def prediction_ids(tokenizer, prediction: str | tuple[int, ...] | None) -> list[int]:
+    """A prediction's token ids: its text as the tokenizer reads it, without special tokens; [] for none."""
+    if isinstance(prediction, str):
+        return tokenizer.encode(prediction, add_special_tokens=False) if prediction else []
+    return list(prediction or ())
 
 
 REQUEST_OPTIONS = tuple(f.name for f in fields(RequestParams) if f.init)

@@ -19,7 +19,6 @@ import torch
 from .controller import DraftLengthController
 from .drafters.base import EMPTY, Draft, Drafter
 from .drafters.calibration import cumulative
-from .drafters.prediction import PredictionDrafter
 from .penalties import NO_PENALTIES, Penalties, prompt_mask
 from .sampling import SamplingConfig, generator_at, probabilities
 from .stats import GenerationStats
@@ -217,9 +216,7 @@ class SequenceState:
             self.stats.stop_reason = reason
         self.stats.new_tokens = len(self.out)
         self.stats.total_time = time.perf_counter() - self.start
-        if isinstance(self.drafter, PredictionDrafter):
-            self.stats.prediction_tokens = len(self.drafter.prediction)
-            self.stats.accepted_prediction_tokens = self.drafter.followed(self.context, len(self.prompt_ids))
+        self.drafter.report(self.stats, self.context, len(self.prompt_ids))
         return self.stats
 
 

@@ -64,6 +64,9 @@ class Drafter:
     def observe(self, context: list[int], n_new: int) -> None:
         """Called after every step; the last n_new tokens of context are new (accepted + the target's token)."""
 
+    def report(self, stats, context: list[int], prompt_length: int) -> None:
+        """Called as the request's stats are closed: put what only the drafter knows in them."""
+
     def see_hidden(self, feature) -> None:
         """Only for needs_hidden drafters: the target's final-norm hidden state [d] at the position that predicted
         the last token of the context (None when the runner could not record it)."""

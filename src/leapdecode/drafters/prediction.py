@@ -66,6 +66,11 @@ class PredictionDrafter(Drafter):
         accepted_prediction_tokens, whatever was drafted."""
         return self._follow(context, prompt_length, 0, 0)[2]
 
+    def report(self, stats, context: list[int], prompt_length: int) -> None:
+        self.inner.report(stats, context, prompt_length)
+        stats.prediction_tokens = len(self.prediction)
+        stats.accepted_prediction_tokens = self.followed(context, prompt_length)
+
     def _follow(self, context: list[int], first: int, at: int | None, left: int) -> tuple[int | None, int, int]:
         """The place in the prediction (at, left) after context[first:], from the place before it; and how many of
         those tokens continued the prediction from where the output stood in it."""

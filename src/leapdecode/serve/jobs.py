@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from ..errors import LeapDecodeError
+from ..params import prediction_ids
 from ..structured import Grammar, StructuredOutput, grammar_for
 from .protocol import APIError
 from .tokenizing import decode, encode_all, fim_all
@@ -56,9 +57,9 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
         )
     all_ids = [body.truncated(ids, context) for ids in encoded]
     predicted = body.predicted() if chat else ""
-    prediction = None  # as RequestParams.prediction_ids reads a text, tokenized off the event loop here
+    prediction = None  # tokenized off the event loop, as the prompts are
     if predicted:
-        prediction = await state.tokenizers.run(lambda tok: tuple(tok.encode(predicted, add_special_tokens=False)))
+        prediction = tuple(await state.tokenizers.run(lambda tok: prediction_ids(tok, predicted)))
     echoes = [body.echoed()] if chat else [""] * len(all_ids)
     if not chat and body.echo:
         skip = body.skip_special_tokens is not False
