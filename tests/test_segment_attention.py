@@ -114,6 +114,21 @@ def test_a_row_gets_the_same_bits_alone_as_beside_other_rows(native):
         assert torch.equal(alone[0, :, 0], together[0, :, first + i])
 
 
+def test_a_lone_sequences_rows_get_the_same_bits_however_they_are_cut(native):
+    """A lone sequence's rows (a prompt chunk, a verification) are shared out in runs of rows: each row gets the bits
+    of the one-row step that would compute it, for a run count that does not divide the rows."""
+    past, n, d = 40, 11, 64
+    q, k, v, pasts, segments = batch([(past, n)], d, seed=2)
+    together = FlatBatch(segments).attend(0, q, k, v, 0.125)
+    pk, pv = pasts[0]
+    for i in range(n):
+        slot = SequenceKV(1)
+        slot.write(0, 0, torch.cat([pk, k[0, :, :i]], 1), torch.cat([pv, v[0, :, :i]], 1))
+        row = slice(i, i + 1)
+        alone = FlatBatch([Segment(slot, 0, 1, past + i)]).attend(0, q[:, :, row], k[:, :, row], v[:, :, row], 0.125)
+        assert torch.equal(alone[0, :, 0], together[0, :, i])
+
+
 def test_keys_kept_by_an_hf_cache_are_stored_by_it_and_attended_by_the_kernel(native, monkeypatch):
     """A KV press's slot (an HF cache) stores its own rows; the kernel attends them all the same, so a request with a
     press at budget 1 computes what it computes without one."""

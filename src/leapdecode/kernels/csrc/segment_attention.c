@@ -122,18 +122,24 @@ static void segment_attention_rows(int64_t sequences, const int64_t *meta, const
     }
     /* a task: one sequence's rows for one query head, or, where there are enough such tasks to share out between the
        threads, for every query head of one key/value head (grouped-query attention), so that the keys and values
-       are read from memory once and from cache by the group's other heads */
+       are read from memory once and from cache by the group's other heads. A lone sequence's rows (a prompt, a
+       verification) are also cut into up to CHUNKS runs, so that the threads finish together: rows are computed
+       alone, so their bits do not depend on the cut. */
+    enum { CHUNKS = 8 };
     int64_t group = heads / kv_heads, threads = 1;
 #ifdef _OPENMP
     threads = omp_get_num_threads();
 #endif
     int64_t per = group > 1 && sequences * kv_heads >= 4 * threads ? group : 1; /* query heads a task */
-    int64_t each = heads / per;                                                /* tasks a sequence */
+    int64_t each = heads / per;                                                /* head tasks a sequence */
+    int64_t chunks = sequences == 1 ? (meta[4] < CHUNKS ? meta[4] : CHUNKS) : 1; /* runs of rows a head task */
+    if (chunks < 1) chunks = 1;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < sequences * each; t++) {
-        const int64_t *m = meta + META * (t / each);
-        int64_t first = m[3], n = m[4], past = m[5], span = past + n, h0 = t % each * per;
-        float *scores = malloc((span + LANES) * sizeof(float));
+    for (int64_t t = 0; t < sequences * each * chunks; t++) {
+        const int64_t *m = meta + META * (t / (each * chunks));
+        int64_t n = m[4], c = t % chunks, h0 = t / chunks % each * per;
+        int64_t first = m[3] + n * c / chunks, past = m[5] + n * c / chunks, rows = n * (c + 1) / chunks - n * c / chunks;
+        float *scores = malloc((past + rows + LANES) * sizeof(float));
         for (int64_t h = h0; h < h0 + per; h++) {
             int64_t g = h / group;
             const float *kb = (const float *)(intptr_t)m[0] + g * m[2];
@@ -142,11 +148,11 @@ static void segment_attention_rows(int64_t sequences, const int64_t *meta, const
             float *o = out + (first * heads + h) * head_dim;
             /* the common head sizes as constants: their loops unroll, q and acc stay in registers */
             if (head_dim == 64)
-                rows_of_head(qh, q_row, kb, vb, n, past, 64, scale, scores, o, heads * head_dim);
+                rows_of_head(qh, q_row, kb, vb, rows, past, 64, scale, scores, o, heads * head_dim);
             else if (head_dim == 128)
-                rows_of_head(qh, q_row, kb, vb, n, past, 128, scale, scores, o, heads * head_dim);
+                rows_of_head(qh, q_row, kb, vb, rows, past, 128, scale, scores, o, heads * head_dim);
             else
-                rows_of_head(qh, q_row, kb, vb, n, past, head_dim, scale, scores, o, heads * head_dim);
+                rows_of_head(qh, q_row, kb, vb, rows, past, head_dim, scale, scores, o, heads * head_dim);
         }
         free(scores);
     }
