@@ -194,9 +194,10 @@ def _roll(head, rolling: list[_Rolling], drafts: list[Draft]) -> None:
     proposed, so that the calibration scores it, but not drafted)."""
     with packed_kernels(True):
         while rolling:
-            features, scores = head.draft_step(  # the shared vocabulary's rows read once for all
+            features = head.step(
                 torch.stack([r.feature for r in rolling]), torch.tensor([r.token for r in rolling], dtype=torch.long)
             )
+            scores = head.logits(features)  # the shared vocabulary's rows read once
             going = []
             best = top1_many([r.drafter for r in rolling], features, scores)
             for row, (r, (token, probability)) in enumerate(zip(rolling, best)):
