@@ -15,7 +15,7 @@ from leapdecode.errors import LeapDecodeError
 from leapdecode.kv.slots import ROWS_ALONE_MAX, SPARE, CacheSlot, FlatBatch, Segment, SequenceKV, room_for
 from leapdecode.sampling import SamplingConfig, generator_at, probabilities
 from leapdecode.sequence import SequenceState, _match_vocab, _suppress
-from leapdecode.verify import _sample, greedy_accept, speculative_accept
+from leapdecode.verify import _sample, argmax_rows, greedy_accept, speculative_accept
 
 # ------------------------------------------------------------------ greedy_accept
 
@@ -45,6 +45,19 @@ def test_greedy_accept_breaks_exact_ties_at_the_first_index_as_argmax_does():
     logits[:, [2, 4]] = 1.0  # an exact tie between tokens 2 and 4 in both rows
     assert greedy_accept(torch.tensor([4]), logits) == [2]
     assert greedy_accept(torch.tensor([2]), logits) == [2, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_argmax_rows_is_torch_s_argmax_ties_and_strided_rows_included(dtype):
+    """verify.argmax_rows (NumPy's scan for fp32 on the CPU, torch's otherwise): the index torch's argmax gives, the
+    first on an exact tie, on a 49k-token vocabulary and on rows taken out of a larger tensor."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 49152, generator=gen).to(dtype)
+    logits[1, [7, 30000]] = 50.0  # a tie: the first index
+    logits[3, -1] = 60.0
+    for rows in (logits, logits[1:4], logits[:, 1:]):
+        assert argmax_rows(rows) == rows.argmax(-1).tolist()
+    assert argmax_rows(logits)[1] == 7
 
 
 # ------------------------------------------------------------------ speculative_accept, _sample

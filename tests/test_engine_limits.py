@@ -5,6 +5,7 @@ request ends that request only."""
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import generate
@@ -218,6 +219,19 @@ def test_non_finite_logits_fail_their_request_only(target):
     assert results[1][1].finish_reason == "error" and "non-finite" in results[1][1].error
     for i in (0, 2):
         assert results[i][0] == solo(target, prompts[i], 20)
+
+
+def test_a_row_is_non_finite_only_where_a_value_is_whatever_its_sum():
+    """engine.executor's check: NaN and infinities fail their row; finite values whose sum overflows do not."""
+    from leapdecode.engine.executor import _finite_rows
+
+    logits = torch.zeros(5, 8)
+    logits[1, 3] = float("nan")
+    logits[2, 0] = float("inf")
+    logits[3, :2] = torch.tensor([float("inf"), float("-inf")])
+    logits[4, :] = 3e38  # every value finite, the sum is not
+    assert _finite_rows(logits) == [True, False, False, False, True]
+    assert _finite_rows(logits[[0, 4]]) == [True, True] and _finite_rows(logits[:0]) == []
 
 
 def test_a_failing_forward_ends_its_step_and_the_engine_goes_on(target):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -16,7 +17,16 @@ def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> list[int]
     draft: [k] token ids; target_logits: [k+1, V] logits at the positions that predict draft[0..k-1] and the next one.
     The result is exactly what k+1 steps of plain greedy decoding would emit.
     """
-    return greedy_accept_ids(draft.tolist(), target_logits.argmax(-1).tolist())
+    return greedy_accept_ids(draft.tolist(), argmax_rows(target_logits))
+
+
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row of [rows, V] logits, the first index on a tie (as torch's). fp32 rows on the CPU go
+    through NumPy's vectorised scan: torch's CPU argmax reads a 49k-token row about ten times slower, a visible share
+    of a small model's decode step."""
+    if logits.dtype == torch.float32 and logits.device.type == "cpu":
+        return np.argmax(logits.numpy(), axis=-1).tolist()
+    return logits.argmax(-1).tolist()
 
 
 def greedy_accept_ids(draft: list[int], target: list[int]) -> list[int]:
