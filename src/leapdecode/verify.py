@@ -22,8 +22,8 @@ def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> list[int]
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """The argmax of each row of [rows, V] logits, the first index on a tie (as torch's). fp32 rows on the CPU go
-    through NumPy's vectorised scan: torch's CPU argmax reads a 49k-token row about ten times slower, a visible share
-    of a small model's decode step."""
+    through NumPy's vectorised scan: torch's CPU argmax reads a large vocabulary's row far slower, a visible share of
+    a small model's decode step (docs/benchmarks.md)."""
     if logits.dtype == torch.float32 and logits.device.type == "cpu":
         return np.argmax(logits.numpy(), axis=-1).tolist()
     return logits.argmax(-1).tolist()

@@ -138,7 +138,8 @@ static void segment_attention_rows(int64_t sequences, const int64_t *meta, const
     for (int64_t t = 0; t < sequences * each * chunks; t++) {
         const int64_t *m = meta + META * (t / (each * chunks));
         int64_t n = m[4], c = t % chunks, h0 = t / chunks % each * per;
-        int64_t first = m[3] + n * c / chunks, past = m[5] + n * c / chunks, rows = n * (c + 1) / chunks - n * c / chunks;
+        int64_t start = n * c / chunks, rows = n * (c + 1) / chunks - start; /* this task's run of rows */
+        int64_t first = m[3] + start, past = m[5] + start;
         float *scores = malloc((past + rows + LANES) * sizeof(float));
         for (int64_t h = h0; h < h0 + per; h++) {
             int64_t g = h / group;
