@@ -58,6 +58,7 @@ def test_argmax_rows_is_torch_s_argmax_ties_and_strided_rows_included(dtype):
     for rows in (logits, logits[1:4], logits[:, 1:]):
         assert argmax_rows(rows) == rows.argmax(-1).tolist()
     assert argmax_rows(logits)[1] == 7
+    assert argmax_rows(logits.clone().requires_grad_()) == logits.argmax(-1).tolist()  # outside inference mode too
 
 
 # ------------------------------------------------------------------ speculative_accept, _sample

@@ -25,7 +25,7 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     through NumPy's vectorised scan: torch's CPU argmax reads a large vocabulary's row far slower, a visible share of
     a small model's decode step (docs/benchmarks.md)."""
     if logits.dtype == torch.float32 and logits.device.type == "cpu":
-        return np.argmax(logits.numpy(), axis=-1).tolist()
+        return np.argmax(logits.detach().numpy(), axis=-1).tolist()
     return logits.argmax(-1).tolist()
 
 
