@@ -14,7 +14,7 @@ from .errors import require
 from .kv.prefix_cache import PrefixCache
 from .kv.prefix_cache import for_model as prefix_cache_for
 from .models.resolve import resolve_model
-from .params import DraftConfig, RequestParams
+from .params import DraftConfig, RequestParams, prediction_ids
 from .prompt import Messages, encode_prompt
 from .runner import Runner
 from .stats import GenerationResult
@@ -73,7 +73,7 @@ def generate(
         kv_press.check(target.model)
     chosen = with_prediction(
         build_drafter(drafter, target, draft_model, draft_dtype, **(drafter_options or {})),
-        params.prediction_ids(target.tokenizer),
+        prediction_ids(target.tokenizer, params.prediction),
     )
     if prefix_cache is True:
         prefix_cache = prefix_cache_for(target.model)

@@ -183,10 +183,6 @@ class RequestParams:
         bad = next((t for t in self.prediction if t >= vocab), None) if isinstance(self.prediction, tuple) else None
         require(bad is None, f"prediction: token id {bad} is outside the tokenizer's vocabulary of {vocab}")
 
-    def prediction_ids(self, tokenizer) -> list[int]:
-        """The prediction's token ids (see prediction_ids)."""
-        return prediction_ids(tokenizer, self.prediction)
-
     def state_options(self) -> dict:
         """SequenceState's keyword arguments besides the sampling settings and max_new_tokens: where the output may
         and must end, the penalties, and the logprobs it reports."""

@@ -23,7 +23,7 @@ from ..errors import LeapDecodeError, require
 from ..forward import rows_alone
 from ..host import available_memory
 from ..models.resolve import resolve_model
-from ..params import REQUEST_OPTIONS, DraftConfig, RequestParams
+from ..params import REQUEST_OPTIONS, DraftConfig, RequestParams, prediction_ids
 from ..prompt import encode_prompt, with_chat_template
 from ..stats import GenerationResult
 from ..structured import Grammar, grammar_for
@@ -178,7 +178,7 @@ class Engine:
         with self._tokenizer_lock:
             prompt_ids = encode_prompt(self.tokenizer, prompt, params.raw)
             params.prepare(self.tokenizer)
-            prediction = params.prediction_ids(self.tokenizer)
+            prediction = prediction_ids(self.tokenizer, params.prediction)
             if grammar is None:
                 grammar = grammar_for(params.structured_output, self.target)
         require(
