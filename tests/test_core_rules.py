@@ -593,7 +593,7 @@ def test_the_engine_plans_rows_at_most_twice_as_far_as_it_has_measured():
                 seq=SimpleNamespace(
                     room=64,
                     controller=SimpleNamespace(demand=lambda room: demand),
-                    drafter=SimpleNamespace(estimates_acceptance=False),
+                    drafter=SimpleNamespace(estimates_acceptance=False, drafts=True),
                 )
             )
             for _ in range(n)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import sys
 
 import pytest
@@ -19,14 +20,16 @@ import torch
 from conftest import noisy_copy, tiny_head
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import FlakyFailure
 from test_engine import run as drive
 from tiny_hf import make_tiny_hf_dir
 
 from leapdecode import kernels
-from leapdecode.controller import DraftLengthController
+from leapdecode.controller import DraftLengthController, StepCost
 from leapdecode.decode import decode
 from leapdecode.drafters import make_drafter
 from leapdecode.engine import Engine
+from leapdecode.engine.scheduler import Scheduler
 from leapdecode.kv import slots
 from leapdecode.models import resolve_model
 from leapdecode.runner import Runner
@@ -227,6 +230,39 @@ def test_fixed_scenarios_draft_reject_wait_and_match(target, draft, head):
     check_adaptive_planner_drafts(target, draft)
 
 
+class _Stairs(StepCost):
+    """Step costs that rise in stairs of 2 rows and stay put (steps are not recorded): 3 streams cost as 4, 5 as 6,
+    so a plain step of 3 serves 2 and one of 5 serves 4, the streams taking turns."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = {rows: float((rows + 1) // 2) for rows in range(1, 65)}
+
+    def record(self, rows, seconds):
+        pass
+
+
+def test_streams_that_take_turns_keep_hf_greedy(target, monkeypatch):
+    """Serving some streams a step and the rest the next changes nothing any request returns; the turns must be
+    seen to happen."""
+    steps = []
+    plan = Scheduler._plan
+
+    def logged(self):
+        step = plan(self)
+        if step.decode_only:
+            steps.append((step.streams, len(step.logits)))
+        return step
+
+    monkeypatch.setattr(Scheduler, "_plan", logged)
+    for path in ("fused", "hf-forward"):
+        with forward_path(path):
+            eng = make_engine(target, None, None, "none", path, max_batch_tokens=64)
+            eng.scheduler.costs = _Stairs()
+            check_batch(target, eng, arrivals_from([(0, 6, 12, True), (0, 9, 16, False), (0, 4, 9, True)] * 2, 11))
+    assert (3, 2) in steps and (5, 4) in steps and all(served <= streams for streams, served in steps)
+
+
 def _no_rollback(monkeypatch):
     monkeypatch.setattr(slots.SequenceKV, "truncate", lambda self, length: None)
 
@@ -299,5 +335,9 @@ def test_planted_bugs_fail_the_random_property(target, draft, head, monkeypatch,
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
     )(given(**PROPERTY)(lambda **example: batch_property(target, draft, head, **example)))
-    with pytest.raises(AssertionError, match="differs from HF greedy|diverged before its cancellation"):
+    # the failing example replays on adaptive draft lengths, which follow measured timings: where the replay drafts
+    # otherwise and passes, Hypothesis reports a FlakyFailure holding the first call's error
+    with pytest.raises((AssertionError, FlakyFailure)) as caught:
         checker()
+    errors = caught.value.exceptions if isinstance(caught.value, FlakyFailure) else [caught.value]
+    assert any(re.search("differs from HF greedy|diverged before its cancellation", str(e)) for e in errors)

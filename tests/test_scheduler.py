@@ -13,6 +13,7 @@ import torch
 
 from leapdecode.controller import StepCost
 from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.none import NoDrafter
 from leapdecode.engine.request import Request
 from leapdecode.engine.scheduler import Scheduler, SchedulerConfig
 from leapdecode.errors import LeapDecodeError
@@ -282,13 +283,62 @@ def test_streams_beyond_the_row_budget_take_turns():
     assert served == [[0, 1], [2, 0], [1, 2]]
 
 
+class Stairs(StepCost):
+    """Made-up step costs in stairs of 6 rows (a product's row tiles): 1-6 rows 6 s, 7-12 rows 12 s."""
+
+    def __init__(self, rows=range(1, 13)):
+        super().__init__()
+        for r in rows:
+            self.record(r, 6.0 * ((r + 5) // 6))
+
+
+def test_plain_steps_serve_as_many_streams_as_give_the_most_tokens_a_second_in_turns():
+    """7 streams: a 7-row step costs 12 s (0.58 tokens/s), a 6-row one 6 s (1): six are served a step, in turns, and
+    the gate is told the load of all seven. Counts past the stair's edge are all served."""
+    scheduler = make(draft=PLAIN)
+    requests = add(scheduler, *([5 + i] for i in range(7)))
+    step(scheduler)  # the seven prompts
+    scheduler.costs, scheduler.gate.choose = Stairs(), lambda n: 0  # the gate runs plain steps
+    served = [[requests.index(e.request) for e in step(scheduler).logits] for _ in range(7)]
+    assert all(len(s) == 6 for s in served) and [sum(i in s for s in served) for i in range(7)] == [6] * 7
+    assert scheduler.schedule().streams == 7
+    scheduler.costs = Stairs(range(1, 8))  # 7 and 12 rows cost alike, but 12 is not measured: 6 of 7 still pay
+    assert scheduler._streams_served(7) == 6 and scheduler._streams_served(12) == 12
+    scheduler.costs = Stairs(range(7, 13))  # fewer than 7 never measured: nothing to weigh
+    assert scheduler._streams_served(7) == 7
+
+
+def test_a_drafter_that_never_drafts_gets_no_draft_rows_and_its_streams_take_turns():
+    """Drafter "none" under a gate that lets drafts through: the planner gives it no rows (it would propose nothing),
+    so its steps are plain and serve the streams that give the most tokens a second."""
+    scheduler = Scheduler(SchedulerConfig(), PLAIN, NoDrafter, SEQUENCE_OPTIONS, layers=1, kv_tokens=10_000)
+    add(scheduler, *([5 + i] for i in range(7)))
+    step(scheduler)
+    scheduler.costs, scheduler.gate.choose = Stairs(), lambda n: 1
+    assert scheduler._draft_lengths([r for r in scheduler.running], 256) == [0] * 7
+    assert len(scheduler.schedule().logits) == 6
+
+
+def test_streams_are_all_served_where_costs_rise_smoothly_or_drafts_are_fixed():
+    scheduler = make(draft=PLAIN)
+    scheduler.costs = Linear()
+    for r in range(2, 20):
+        scheduler.costs.record(r, float(r))
+    assert [scheduler._streams_served(n) for n in (1, 2, 7, 13)] == [1, 2, 7, 13]
+    fixed = make(draft=FIXED)  # fixed draft lengths: every stream drafts, none waits
+    add(fixed, *([5 + i] for i in range(7)))
+    step(fixed)
+    fixed.costs = Stairs()
+    assert len(fixed.schedule().logits) == 7
+
+
 def test_prompt_chunks_ride_along_up_to_the_prefill_budget():
     """Costs R seconds for R rows: beside one stream (1 row, 1 s) a step may cost 2 s, but a prompt advances by at
     least MIN_CHUNK rows: 17 rows in all, the first prompt's chunk 16; the second prompt waits."""
     scheduler = make(draft=FIXED, max_batch_tokens=64)
     (streaming,) = add(scheduler, [5, 6, 7])
     step(scheduler)
-    scheduler.costs = Linear()
+    scheduler.forward_costs = Linear()
     first, second = add(scheduler, range(10, 50), range(60, 100))
     plan = scheduler.schedule()
     assert [(s.kv, s.n) for s in plan.segments] == [(streaming.kv, 1), (first.kv, 16)]
@@ -300,7 +350,7 @@ def test_a_short_prompt_is_read_whole_where_no_chunk_keeps_the_slowdown():
     scheduler = make(draft=FIXED, max_batch_tokens=64)
     (streaming,) = add(scheduler, [5, 6, 7])
     step(scheduler)
-    scheduler.costs = Linear()
+    scheduler.forward_costs = Linear()
     (prompt,) = add(scheduler, range(10, 40))
     plan = scheduler.schedule()
     assert [(s.kv, s.n) for s in plan.segments] == [(streaming.kv, 1), (prompt.kv, 30)]
@@ -308,7 +358,7 @@ def test_a_short_prompt_is_read_whole_where_no_chunk_keeps_the_slowdown():
 
 def test_a_lone_prompt_takes_the_whole_row_budget_whatever_steps_cost():
     scheduler = make(max_batch_tokens=64)
-    scheduler.costs = Linear()
+    scheduler.forward_costs = Linear()
     (request,) = add(scheduler, range(10, 50))
     plan = scheduler.schedule()
     assert [s.n for s in plan.segments] == [40] and plan.logits[0].read_to_end
@@ -344,7 +394,7 @@ def test_a_request_too_long_for_the_kv_budget_fails_in_words():
 def test_the_prefill_budget_is_the_most_rows_within_the_slowdown():
     scheduler = make()
     assert scheduler._prefill_budget(20, 256) == 256  # nothing measured yet
-    scheduler.costs = Linear()
+    scheduler.forward_costs = Linear()
     assert scheduler._prefill_budget(20, 256) == 40  # 2 x 20 s: 40 rows, on the dot
     assert scheduler._prefill_budget(21, 256) == 42
     assert scheduler._prefill_budget(20, 30) == 30  # the row budget caps it
@@ -356,8 +406,18 @@ def test_the_prefill_budget_is_the_most_rows_within_the_slowdown():
     assert scheduler._prefill_budget(4, 256, rest=10) == 20
     assert scheduler._prefill_budget(20, 256, rest=100) == 40  # where the bound can be kept, it is
     slower = make(max_decode_slowdown=1.5)
-    slower.costs = Linear()
+    slower.forward_costs = Linear()
     assert slower._prefill_budget(20, 256) == 36  # 30 rows would do; the MIN_CHUNK floor is higher
+
+
+def test_the_prefill_budget_reads_forward_costs_not_whole_steps():
+    """Whole steps' costs include drafting, spent only where drafts were made: a reading step of as many rows pays
+    none of it, so the rows drafted steps visit (here 21-40, a head's batch forward dear) must not shrink chunks."""
+    scheduler = make()
+    scheduler.forward_costs = Linear()
+    for rows in range(20, 41):
+        scheduler.costs.record(rows, 1000.0 if rows > 20 else 20.0)
+    assert scheduler._prefill_budget(20, 256) == 40
 
 
 def test_the_prefill_budget_bisects_a_noisy_cost_curve():
@@ -365,7 +425,7 @@ def test_the_prefill_budget_bisects_a_noisy_cost_curve():
     limit (midpoints rounded up by one: probes 50, 43, 39, 37, 38), so one dear measurement on its path (39 rows)
     stops it below, though 40 is within the limit. This pins the probes, not a rule: another bisection may differ."""
     scheduler = make()
-    scheduler.costs = Spiked()
+    scheduler.forward_costs = Spiked()
     assert scheduler._prefill_budget(20, 64) == 38
 
 

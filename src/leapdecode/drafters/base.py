@@ -48,6 +48,7 @@ class Drafter:
     # measures each as an arm of its own and sets `tier` before a step's drafts; -1, the whole way, elsewhere.
     tiers: tuple[str, ...] = ("draft",)
     tier = -1
+    drafts = True  # False: it never proposes a token, so the engine's planner gives it no draft rows
 
     def start(self, prompt_ids: list[int], sampling: SamplingConfig) -> None:
         """Called once per request, before decoding starts."""

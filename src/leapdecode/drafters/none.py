@@ -7,6 +7,7 @@ from .base import EMPTY, Draft, Drafter
 
 class NoDrafter(Drafter):
     name = "none"
+    drafts = False
 
     def propose(self, context: list[int], k: int) -> Draft:
         return EMPTY

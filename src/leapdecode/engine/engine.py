@@ -324,9 +324,10 @@ class Engine:
             self.scheduler.note_peak()
             if len(plan.ids) in self._seen_rows:
                 self.scheduler.costs.record(len(plan.ids), seconds)
+                self.scheduler.forward_costs.record(len(plan.ids), self.executor.forward_seconds)
                 if plan.decode_only:
                     tokens = sum(len(a.new) for a in results if a.error is None)
-                    self.scheduler.gate.record(len(plan.logits), plan.arm, tokens, seconds)
+                    self.scheduler.gate.record(plan.streams, plan.arm, tokens, seconds)
             self._seen_rows.add(len(plan.ids))
             self.counters["steps"] += 1
             for accepted in results:

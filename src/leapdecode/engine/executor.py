@@ -8,6 +8,7 @@ rows. A prompt read to its end leaves its blocks in the prefix cache.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +38,11 @@ class Executor:
         self.forward = ModelForward(model, packed_weights)
         self.prefix_cache = prefix_cache
         self.device = model.device
+        self.forward_seconds = 0.0  # the last step's forward alone, without drafting, verification or sampling
 
     def execute(self, plan: StepPlan) -> list[Accepted]:
         keep = [entry.first + i for entry in plan.logits for i in range(entry.rows)]
+        start = time.perf_counter()
         logits, hidden = self.forward(
             torch.tensor(plan.ids, device=self.device),
             torch.tensor(plan.positions, device=self.device),
@@ -48,6 +51,7 @@ class Executor:
             argmax_only=plan.greedy,
             hidden=plan.hidden,
         )
+        self.forward_seconds = time.perf_counter() - start
         results, at = [], 0
         finite = _finite_rows(logits)
         top = argmax_rows(logits) if plan.greedy else None  # every greedy sequence's rows in one call

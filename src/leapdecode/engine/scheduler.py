@@ -6,6 +6,8 @@ A prompt still being read yields no token until it is read, so while one is read
 chunk a draft only makes the step dearer and the waiting request later. Otherwise draft lengths are planned for the
 whole batch (controller.plan_draft_lengths): the measured cost of a step over R rows against each sequence's
 acceptance, so that under load, where extra rows are no longer nearly free, drafts shrink, to zero if they stop paying.
+A step with neither drafts nor prompt rows serves as many streams as give the most tokens a second
+(step_size.streams_served: past a stair in the forward's cost, fewer streams a step, in turns).
 """
 
 from __future__ import annotations
@@ -25,9 +27,7 @@ from ..params import DraftConfig
 from ..sequence import SequenceState, draft_ahead, propose_together
 from .gate import SpeculationGate
 from .request import Acceptance, Request
-
-MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode (half the rows when max_batch_tokens < 32)
-
+from .step_size import MIN_CHUNK, prefill_rows, streams_served
 
 POLICIES = ("fcfs", "priority")
 
@@ -90,6 +90,7 @@ class StepPlan:
     drafted: int = 0  # draft tokens in the step
     arm: int = 0  # the gate's arm, where drafts were made for the step (the planner may have cut them all)
     decode_only: bool = False  # no prompt chunk in the step: its tokens per second measure decoding at this load
+    streams: int = 0  # sequences that could decode in this step, served or left for the next: the gate's load
 
     def add(self, request: Request, tokens: list[int], past: int) -> None:
         self.segments.append(Segment(request.kv, len(self.ids), len(tokens), past))
@@ -130,7 +131,11 @@ class Scheduler:
         # prefill alone (forward.rows_alone: q4 models); at the cost of SARATHI's chunking and of prefix reuse
         self.whole_prompts = whole_prompts
         self.sequence_options, self.layers, self.kv_tokens = sequence_options, layers, kv_tokens
-        self.costs = StepCost()  # seconds of a step over R rows, shared by every sequence's planning
+        self.costs = StepCost()  # seconds of a step over R rows, drafting included: what drafts are planned by
+        # seconds of the forward alone over R rows: what prompt chunks are sized by. Drafting time is spent only in
+        # steps that draft, so in `costs` the row counts drafted steps happen to visit look dearer than a reading
+        # step of as many rows is, and chunks would shrink where an engine drafts (more, smaller reading steps)
+        self.forward_costs = StepCost()
         self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
         # whether drafts have paid at this load, and which of the drafters' tiers, measured
         self.gate = SpeculationGate(tiers)
@@ -233,11 +238,16 @@ class Scheduler:
         rest = next((len(r.reading) - r.read for r in self.running if not r.decoding), 0)  # the next prompt's
         reading = rest > 0
         streams = budget - min(MIN_CHUNK, budget // 2) if reading else budget  # a prompt being read always advances
-        decoding = [r for r in self.running if r.decoding][:streams]
-        if len(decoding) == streams:  # more streams than rows: the ones served now go to the back of the line
-            self.running = [r for r in self.running if r not in decoding] + decoding
+        ready = [r for r in self.running if r.decoding]
+        decoding = ready[:streams]
         self.arm, self.drafted_ahead = 0, False
         draft_lengths = [0] * len(decoding) if reading else self._draft_lengths(decoding, budget)
+        offered = len(decoding)  # the load the gate chose an arm for
+        if not reading and not self.drafted_ahead and not any(draft_lengths):
+            decoding = decoding[: self._streams_served(len(decoding))]
+            draft_lengths = draft_lengths[: len(decoding)]
+        if len(decoding) < len(ready):  # streams left out of the step: the ones served now go to the back of the line
+            self.running = [r for r in self.running if r not in decoding] + decoding
         row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget, rest) if decoding else budget
         chunks, rows = [], len(decoding) + sum(draft_lengths)
         for request in self.running:
@@ -268,7 +278,7 @@ class Scheduler:
             plan.logits.append(Logits(request, len(plan.ids), len(tokens)))
             plan.add(request, tokens, request.kv.length)
             plan.drafted += len(tokens) - 1
-        plan.decode_only = not chunks
+        plan.decode_only, plan.streams = not chunks, offered
         plan.arm = self.arm if plan.drafted > 0 or self.drafted_ahead else 0
         for request, n in chunks:
             done = request.read
@@ -332,29 +342,10 @@ class Scheduler:
             self.waiting.appendleft(request)
 
     def _prefill_budget(self, decode_rows: int, budget: int, rest: int = 0) -> int:
-        """Rows a step may hold while streams decode: prompt chunks only up to where the measured step cost reaches
-        max_decode_slowdown times a decode-only step (SARATHI: prefill rides along without stalling the streams);
-        at least MIN_CHUNK prompt rows, so a long prompt always advances.
+        return prefill_rows(self.forward_costs, decode_rows, budget, rest, self.config.max_decode_slowdown)
 
-        Where even MIN_CHUNK rows cost more than that (few streams, whose decode-only steps are far cheaper than any
-        step that reads: a many-row product widens the weights first), the bound cannot be kept. Then a prompt whose
-        `rest` fits in a step costing at most max_decode_slowdown times that cheapest reading step is read whole:
-        the streams wait once instead of over several steps that each pay the reading step's fixed cost. A longer
-        prompt still advances by MIN_CHUNK rows a step, so its many steps each stay as light as they can be."""
-        if not self.costs:
-            return budget
-        slowdown = self.config.max_decode_slowdown
-        floor = min(decode_rows + MIN_CHUNK, budget)
-        limit = slowdown * self.costs(decode_rows)
-        if self.costs(floor) > limit:
-            whole = decode_rows + rest
-            fits = floor < whole <= budget and self.costs(whole) <= slowdown * self.costs(floor)
-            return whole if fits else floor
-        low, high = floor, budget
-        while low < high:  # the largest row count whose cost stays within the limit
-            mid = (low + high + 1) // 2
-            low, high = (mid, high) if self.costs(mid) <= limit else (low, mid - 1)
-        return low
+    def _streams_served(self, decoding: int) -> int:
+        return streams_served(self.costs, decoding)
 
     def _draft_lengths(self, decoding: list[Request], row_budget: int) -> list[int]:
         if not self.draft.adaptive_draft_length:  # each its fixed k, while the step's rows stay within the budget
@@ -369,8 +360,9 @@ class Scheduler:
         for r in decoding:
             r.seq.drafter.tier = self.arm - 1
         # drafting time is inside the measured step cost (see Engine.step), so it is not charged again per draft token
+        demands = [r.seq.controller.demand(r.seq.room) for r in decoding]
         demands = [
-            DraftDemand(d.acceptance, 0.0, d.cap) for d in (r.seq.controller.demand(r.seq.room) for r in decoding)
+            DraftDemand(d.acceptance, 0.0, d.cap if r.seq.drafter.drafts else 0) for d, r in zip(demands, decoding)
         ]
         ahead = [i for i, r in enumerate(decoding) if r.seq.drafter.estimates_acceptance]
         if ahead:  # these draft now, and the plan cuts their drafts by each token's estimated acceptance
