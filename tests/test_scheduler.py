@@ -319,6 +319,19 @@ def test_a_drafter_that_never_drafts_gets_no_draft_rows_and_its_streams_take_tur
     assert len(scheduler.schedule().logits) == 6
 
 
+def test_drafts_must_beat_the_plain_step_that_serves_fewer_streams():
+    """7 streams, acceptance 0.6: drafting 5 rows into the 12-row stair yields 10 tokens in 12 s (0.83/s), more than
+    all 7 plain (0.58/s) but less than 6 plain in 6 s (1/s): the plan drafts nothing and 6 are served."""
+    scheduler = make(draft=PLAIN)
+    add(scheduler, *([5 + i] for i in range(7)))
+    step(scheduler)
+    scheduler.costs, scheduler.gate.choose = Stairs(range(1, 25)), lambda n: 1  # 13-18 rows 18 s, 19-24 24 s
+    assert scheduler._draft_lengths(list(scheduler.running), 256) == [0] * 7
+    assert len(scheduler.schedule().logits) == 6
+    scheduler.costs = Stairs(range(7, 25))  # fewer streams never measured: drafting beats 7 plain
+    assert sum(scheduler._draft_lengths(list(scheduler.running), 256)) == 5
+
+
 def test_streams_are_all_served_where_costs_rise_smoothly_or_drafts_are_fixed():
     scheduler = make(draft=PLAIN)
     scheduler.costs = Linear()

@@ -102,12 +102,14 @@ def plan_draft_lengths(
     base_tokens: float,
     k_min: int = 1,
     row_budget: int | None = None,
+    plain_rate: float = 0.0,
 ) -> list[int]:
     """Draft lengths for sequences that share one forward of `base_rows` rows without drafts (their last tokens and
     any prompt chunks), which yields `base_tokens` tokens. The i-th draft token of a sequence with acceptance a is
     accepted with probability a^i, so tokens are added in order of that gain; the plan kept is the prefix of that
     order with the most expected tokens per second (forward cost at the new row count plus drafting time), all zeros
-    included. Costs must hold at least one measurement."""
+    included, these at `plain_rate` where that is more (the tokens a second of the plain step the caller runs when
+    nothing is drafted, e.g. one serving fewer streams). Costs must hold at least one measurement."""
     ks = [0] * len(demands)
     budget = sum(d.cap if d.chain is None else min(d.cap, len(d.chain)) for d in demands)
     if row_budget is not None:
@@ -115,7 +117,7 @@ def plan_draft_lengths(
     if budget <= 0:
         return ks
     tokens, draft_time, added = base_tokens, 0.0, 0
-    best, best_rate = list(ks), base_tokens / costs(base_rows)
+    best, best_rate = list(ks), max(base_tokens / costs(base_rows), plain_rate)
     while added < budget:
         gains = [(d.gain(k), i) for i, (d, k) in enumerate(zip(demands, ks))]
         gain, i = max(gains)

@@ -134,7 +134,7 @@ class Scheduler:
         self.costs = StepCost()  # seconds of a step over R rows, drafting included: what drafts are planned by
         # seconds of the forward alone over R rows: what prompt chunks are sized by. Drafting time is spent only in
         # steps that draft, so in `costs` the row counts drafted steps happen to visit look dearer than a reading
-        # step of as many rows is, and chunks would shrink where an engine drafts (more, smaller reading steps)
+        # step of as many rows is, and chunk sizes would depend on where the engine happened to draft
         self.forward_costs = StepCost()
         self.acceptance = Acceptance()  # what drafts of earlier requests achieved: the prior of new ones
         # whether drafts have paid at this load, and which of the drafters' tiers, measured
@@ -380,8 +380,16 @@ class Scheduler:
         # costs beyond the largest measured step are guessed flat (optimistic): explore at most twice as far
         explored = max(self.costs.seconds)
         row_budget = min(row_budget, max(2 * explored, len(decoding) + 1))
+        # where no draft is made ahead, no drafts means a plain step that may serve fewer streams (_plan): drafts
+        # must beat that step's rate, not only that of all streams served plain
+        served = len(decoding) if self.drafted_ahead else self._streams_served(len(decoding))
         return plan_draft_lengths(
-            demands, self.costs, base_rows=len(decoding), base_tokens=float(len(decoding)), row_budget=row_budget
+            demands,
+            self.costs,
+            base_rows=len(decoding),
+            base_tokens=float(len(decoding)),
+            row_budget=row_budget,
+            plain_rate=served / self.costs(served),
         )
 
 
