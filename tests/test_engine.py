@@ -246,6 +246,8 @@ def test_warm_up_serves_one_request_and_leaves_no_trace(target, draft):
     assert e.warm_up() > 0
     assert 1 in e._seen_rows and len(e._seen_rows) >= 2  # a prompt's rows and single decode rows were stepped
     assert not e.has_work and set(e.counters.values()) == {0}
+    # a decode-only step of every stream count was timed: chunk sizing reads measured costs, not a line between two
+    assert set(range(1, e.max_sequences + 1)) <= set(e.scheduler.forward_costs.seconds)
     prompt = [5, 9, 13, 9, 13, 9]
     assert e.generate_many([prompt], max_new_tokens=12)[0].token_ids == solo(target, prompt, 12)
 

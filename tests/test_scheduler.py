@@ -369,6 +369,21 @@ def test_a_short_prompt_is_read_whole_where_no_chunk_keeps_the_slowdown():
     assert [(s.kv, s.n) for s in plan.segments] == [(streaming.kv, 1), (prompt.kv, 30)]
 
 
+def test_a_wave_of_prompts_is_read_against_the_step_of_the_streams_it_will_join():
+    """4 streams decode (4 s a step) while 16 new requests' prompts (12 rows each) are read. Bounded by the 4 streams'
+    step, the wave would go in one prompt a step (the MIN_CHUNK floor: 20 rows); bounded by the step of the 20
+    streams it will be (20 s), a step holds 40 rows: three prompts whole."""
+    scheduler = make(max_batch_tokens=256)
+    streaming = add(scheduler, *([5 + i, 6] for i in range(4)))
+    step(scheduler)
+    assert all(r.decoding for r in streaming)
+    scheduler.forward_costs = Linear()
+    wave = add(scheduler, *(range(20 + 12 * i, 32 + 12 * i) for i in range(16)))
+    plan = scheduler.schedule()
+    assert [(s.kv, s.n) for s in plan.segments] == [(r.kv, 1) for r in streaming] + [(r.kv, 12) for r in wave[:3]]
+    assert scheduler._prefill_budget(4, 256, rest=12) == 20  # the streams decoding now alone: one prompt a step
+
+
 def test_a_lone_prompt_takes_the_whole_row_budget_whatever_steps_cost():
     scheduler = make(max_batch_tokens=64)
     scheduler.forward_costs = Linear()
@@ -418,6 +433,7 @@ def test_the_prefill_budget_is_the_most_rows_within_the_slowdown():
     assert [scheduler._prefill_budget(4, 256, rest=37), scheduler._prefill_budget(4, 30, rest=30)] == [20, 20]
     assert scheduler._prefill_budget(4, 256, rest=10) == 20
     assert scheduler._prefill_budget(20, 256, rest=100) == 40  # where the bound can be kept, it is
+    assert scheduler._prefill_budget(4, 256, rest=100, joining=16) == 40  # against the 20 streams it will be
     slower = make(max_decode_slowdown=1.5)
     slower.forward_costs = Linear()
     assert slower._prefill_budget(20, 256) == 36  # 30 rows would do; the MIN_CHUNK floor is higher

@@ -264,9 +264,17 @@ class Engine:
     def warm_up(self) -> float:
         """Serve one short request untimed, so that what a process does once (building and loading the native
         kernels, calibrating them on a new host, encoding the weights) happens before the first user's request
-        rather than inside it; the counters start from zero after it. Returns the seconds it took."""
+        rather than inside it; the counters start from zero after it. Returns the seconds it took.
+
+        Then time a decode-only step of every stream count the engine may run, to start the forward-cost table
+        that prompt chunks are sized by (step_size.prefill_rows weighs them against a decode-only step). A forward's
+        cost climbs in stairs, so a count not visited yet, read off a line between visited ones or off the nearest
+        one, can be far from its cost, and engines that happened to visit other counts would chunk the same load
+        differently (vLLM, likewise, runs its step sizes once before serving: its profile run and graph capture)."""
         start = time.perf_counter()
         self.generate_many(["Say hello."], max_new_tokens=4)
+        for rows in range(1, self.max_sequences + 1):
+            self.scheduler.forward_costs.record(rows, self.executor.time_decode_step(rows, self.scheduler.layers))
         self.counters.update(dict.fromkeys(self.counters, 0))
         return time.perf_counter() - start
 

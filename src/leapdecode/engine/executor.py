@@ -15,7 +15,7 @@ import torch
 
 from ..forward import ModelForward
 from ..kv.prefix_cache import PrefixCache
-from ..kv.slots import FlatBatch
+from ..kv.slots import FlatBatch, Segment, SequenceKV
 from ..sequence import token_logprobs
 from ..verify import argmax_rows
 from .request import Request
@@ -78,6 +78,16 @@ class Executor:
             request.kv.truncate(request.kv.length - rejected)
             results.append(Accepted(request, new, drafted, rejected))
         return results
+
+    def time_decode_step(self, rows: int, layers: int, greedy: bool = True) -> float:
+        """Seconds of one forward shaped as a decode-only step of `rows` streams (one row each, every row's logits
+        kept), run on throwaway KV slots: what the engine's warm-up measures its step costs by."""
+        segments = [Segment(SequenceKV(layers), i, 1, 0) for i in range(rows)]
+        zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
+        keep = torch.arange(rows, device=self.device)
+        start = time.perf_counter()
+        self.forward(zeros, zeros, FlatBatch(segments), keep, argmax_only=greedy)
+        return time.perf_counter() - start
 
 
 def _finite_rows(logits: torch.Tensor) -> list[bool]:

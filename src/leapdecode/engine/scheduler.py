@@ -248,8 +248,8 @@ class Scheduler:
             draft_lengths = draft_lengths[: len(decoding)]
         if len(decoding) < len(ready):  # streams left out of the step: the ones served now go to the back of the line
             self.running = [r for r in self.running if r not in decoding] + decoding
-        row_budget = self._prefill_budget(len(decoding) + sum(draft_lengths), budget, rest) if decoding else budget
-        chunks, rows = [], len(decoding) + sum(draft_lengths)
+        chunks, rows, joining = [], len(decoding) + sum(draft_lengths), sum(not r.decoding for r in self.running)
+        row_budget = self._prefill_budget(rows, budget, rest, joining) if decoding else budget
         for request in self.running:
             if not request.decoding and rows < row_budget:
                 left = len(request.reading) - request.read
@@ -341,8 +341,8 @@ class Scheduler:
         else:
             self.waiting.appendleft(request)
 
-    def _prefill_budget(self, decode_rows: int, budget: int, rest: int = 0) -> int:
-        return prefill_rows(self.forward_costs, decode_rows, budget, rest, self.config.max_decode_slowdown)
+    def _prefill_budget(self, decode_rows: int, budget: int, rest: int = 0, joining: int = 0) -> int:
+        return prefill_rows(self.forward_costs, decode_rows, budget, rest, self.config.max_decode_slowdown, joining)
 
     def _streams_served(self, decoding: int) -> int:
         return streams_served(self.costs, decoding)

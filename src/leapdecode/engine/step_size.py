@@ -11,10 +11,13 @@ MIN_CHUNK = 16  # prompt rows a step takes at least while streams decode (half t
 STAIR_MARGIN = 0.1  # how much more tokens a second serving fewer streams must promise (see streams_served)
 
 
-def prefill_rows(costs: StepCost, decode_rows: int, budget: int, rest: int, slowdown: float) -> int:
+def prefill_rows(costs: StepCost, decode_rows: int, budget: int, rest: int, slowdown: float, joining: int = 0) -> int:
     """Rows a step may hold while streams decode: prompt chunks only up to where the measured forward cost reaches
-    `slowdown` times a decode-only step's (SARATHI: prefill rides along without stalling the streams); at least
-    MIN_CHUNK prompt rows, so a long prompt always advances.
+    `slowdown` times the decode-only step the streams will have once the `joining` requests being read join them
+    (SARATHI: prefill rides along without stalling the streams); at least MIN_CHUNK prompt rows, so a long prompt
+    always advances. Bounded by the decode-only step of the streams decoding now instead, a wave of new requests
+    would be read a few rows a step beside its first streams: those would decode fast while the rest of the wave
+    waited, and the batch would stay small, and slow per token, for longer.
 
     Where even MIN_CHUNK rows cost more than that (few streams, whose decode-only steps are far cheaper than any step
     that reads: a many-row product widens the weights first), the bound cannot be kept. Then a prompt whose `rest`
@@ -24,7 +27,7 @@ def prefill_rows(costs: StepCost, decode_rows: int, budget: int, rest: int, slow
     if not costs:
         return budget
     floor = min(decode_rows + MIN_CHUNK, budget)
-    limit = slowdown * costs(decode_rows)
+    limit = slowdown * costs(decode_rows + joining)
     if costs(floor) > limit:
         whole = decode_rows + rest
         fits = floor < whole <= budget and costs(whole) <= slowdown * costs(floor)

@@ -82,12 +82,13 @@ def make_engine(
     packed_weights=True,
     prefix_cache_tokens=0,
 ) -> Engine:
-    """The Engine a bench run measures: `concurrency` sequences at most, prefix cache off unless asked. The n-gram
-    drafter's process-wide store starts empty for every engine made."""
+    """The Engine a bench run measures: `concurrency` sequences at most, prefix cache off unless asked, warmed up as
+    a server warms its engine (Engine.warm_up). The n-gram drafter's process-wide store starts empty for every engine
+    made."""
     from ...drafters.ngram import NGramDrafter
 
     NGramDrafter._shared.clear()
-    return Engine(
+    engine = Engine(
         target,
         drafter=drafter,
         draft_model=draft.model if draft is not None and drafter == "draft-model" else None,
@@ -96,6 +97,8 @@ def make_engine(
         packed_weights=packed_weights,
         prefix_cache_tokens=prefix_cache_tokens,
     )
+    engine.warm_up()
+    return engine
 
 
 def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on_done=None, **options) -> dict:
