@@ -79,14 +79,15 @@ class Executor:
             results.append(Accepted(request, new, drafted, rejected))
         return results
 
-    def time_decode_step(self, rows: int, layers: int, greedy: bool = True) -> float:
-        """Seconds of one forward shaped as a decode-only step of `rows` streams (one row each, every row's logits
-        kept), run on throwaway KV slots: what the engine's warm-up measures its step costs by."""
+    def time_decode_step(self, rows: int, layers: int) -> float:
+        """Seconds of one greedy forward shaped as a decode-only step of `rows` streams (one row each, every row's
+        logits kept), run on throwaway KV slots with no past: what the engine's warm-up starts its step costs with.
+        Steps over long pasts cost more; the counts the engine visits are measured again as it runs."""
         segments = [Segment(SequenceKV(layers), i, 1, 0) for i in range(rows)]
         zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
         keep = torch.arange(rows, device=self.device)
         start = time.perf_counter()
-        self.forward(zeros, zeros, FlatBatch(segments), keep, argmax_only=greedy)
+        self.forward(zeros, zeros, FlatBatch(segments), keep, argmax_only=True)
         return time.perf_counter() - start
 
 
