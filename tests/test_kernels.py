@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_model
 
 from leapdecode import kernels
-from leapdecode.kernels import calibrate, native_linear, ops
+from leapdecode.kernels import calibrate, native_linear, ops, whole_step
 from leapdecode.kernels.calibrate import Plan
 from leapdecode.lab.report_kit import other_load
 from leapdecode.runner import Runner
@@ -103,7 +103,8 @@ def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, m
         assert row["cached"] and row["linear"][0][0] == 1 and row["linear"][-1][1] == kernels.BUCKETS[-1]
         assert {path for _, _, path in row["linear"]} <= set(kernels.LINEAR_PATHS)
     assert sum("argmax" in row for row in table) == 1
-    assert len(kernels.describe_kernels(model)) == len(table)
+    lines = kernels.describe_kernels(model)
+    assert len(lines) == len(table) + 1 and lines[-1].startswith("whole steps (timed): ")  # kernels.whole_step's
     assert kernels.cache_file().exists()
 
     measured = []
@@ -176,7 +177,9 @@ def test_timings_from_a_busy_machine_serve_the_process_but_are_not_cached(monkey
     import json
 
     cached = json.loads(kernels.cache_file().read_text())
-    assert len(cached) == 2 and all("|101x64|" in key for key in cached)  # the head's linear and argmax timings
+    per_shape = [key for key in cached if "|whole-step|" not in key]
+    assert len(per_shape) == 2 and all("|101x64|" in key for key in per_shape)  # the head's linear and argmax timings
+    assert len(cached) == 3  # and the new model's whole-step check (kernels.whole_step)
 
 
 def test_forced_and_unknown_settings():
@@ -218,6 +221,7 @@ def test_broken_mkldnn_ops_fall_back_to_f_linear_with_a_one_line_notice(monkeypa
     ids = torch.randint(0, 97, (9,)).tolist()
     reference, hf_logits = _f_linear_reference(model, ids)
     monkeypatch.setattr(ops, "linear_pointwise", broken)
+    monkeypatch.setattr(whole_step, "check", lambda *args: None)  # "auto" here: the per-layer plans alone
     ops.forget_checks()
     caplog.clear()  # the reference's own notices (no bf16 packing on an AVX2-only host) are not the fallback's
     with caplog.at_level(logging.WARNING, logger="leapdecode"):

@@ -20,8 +20,10 @@ import torch
 
 from .attention import leapdecode_attention
 from .errors import LeapDecodeError
-from .kernels import argmax_logits, install_argmax_head, install_packed_linear, packed_kernels
+from .kernels import BUCKETS, argmax_logits, install_argmax_head, install_packed_linear, packed_kernels, whole_step
+from .kernels import settings as kernel_settings
 from .kernels.fused_decoder import FusedDecoder, fused_decoder
+from .kv.slots import FlatBatch, Segment, SequenceKV
 from .models.weight_only import has_q4_layers
 
 
@@ -37,6 +39,8 @@ class ModelForward:
         self.packed_weights = packed_weights and on_cpu(model)
         self.decoder = prepare_model(model, self.packed_weights)
         self.rows_alone = rows_alone(model)
+        if self.decoder is not None and not self.rows_alone and kernel_settings()["linear"] == "auto":
+            whole_step.check(model, whole_step.layers_of(model, self.decoder), self._scratch_forward)
 
     @torch.inference_mode()
     def __call__(
@@ -59,6 +63,21 @@ class ModelForward:
                     input_ids=ids[None], use_cache=False, position_ids=positions[None], logits_to_keep=keep
                 ).logits[0]
             return logits, captured[-1][0, keep] if captured else None
+
+    def _scratch_forward(self, past: int = 128):
+        """forward(rows): one greedy forward of `rows` new rows after `past` others, on keys/values of its own (what
+        whole_step.check times)."""
+        layers, vocab = self.model.config.num_hidden_layers, self.model.get_input_embeddings().num_embeddings
+        ids = torch.randint(0, vocab, (past + BUCKETS[-1],), generator=torch.Generator().manual_seed(0))
+        kv = SequenceKV(layers)
+        self(ids[:past], torch.arange(past), FlatBatch([Segment(kv, 0, past, 0)]), torch.arange(past - 1, past))
+
+        def forward(rows: int) -> None:
+            layout = FlatBatch([Segment(kv, 0, rows, past)])
+            self(ids[past : past + rows], torch.arange(past, past + rows), layout, torch.arange(rows), argmax_only=True)
+            kv.truncate(past)
+
+        return forward
 
 
 def on_cpu(model: torch.nn.Module) -> bool:

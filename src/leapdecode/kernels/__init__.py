@@ -17,6 +17,8 @@
   cannot be built, or with `configure(attention="sdpa")` / LEAPDECODE_ATTENTION=sdpa).
 - `decoder_step` runs a fused decoder's whole step through every layer in one native call where all the kernels
   above apply (the same C functions in the same order: the same bits; `configure(step="layers")` turns it off).
+- `whole_step` checks the choice on the forward itself: per row count, every layer on the panel kernel (one native
+  call a step, codes where a weight has them) or each on its calibrated path, whichever runs the whole step faster.
 - `ops` checks the private `torch.ops.mkldnn` ops once: where they are missing or fail, `F.linear` is used with a
   one-line notice.
 bf16 packed results equal `F.linear`'s bit for bit; fp32 ones differ in rounding (~1e-6 relative), like any two GEMMs.

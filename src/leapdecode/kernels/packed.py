@@ -156,10 +156,13 @@ def chosen_path(module: torch.nn.Linear, rows: int, mode: bool | str = True, arg
         return "hf"
     if mode is True:
         mode = _settings["linear"]
+    head, wanted = argmax_only and getattr(module, "_leapdecode_argmax", False), _settings["argmax_head"]
+    native = getattr(module, "_leapdecode_native_rows", None)  # whole_step.check's outcome for the model
+    if mode == "auto" and native is not None and native(rows) and not (head and wanted == "on"):
+        return "native-q"  # from the weight's codes where it has them, else its fp32 panels (_route)
     plan = getattr(module, "_leapdecode_plan", None)
     linear = (plan.linear(rows) if plan is not None else "hf") if mode == "auto" else mode
-    if argmax_only and getattr(module, "_leapdecode_argmax", False):
-        wanted = _settings["argmax_head"]
+    if head:
         if wanted == "on":
             return plan.argmax_variant(rows) if plan is not None and plan.has_argmax else default_argmax_path()
         if wanted == "auto" and mode != "hf" and plan is not None and plan.has_argmax:

@@ -66,4 +66,8 @@ def describe_kernels(model: torch.nn.Module) -> list[str]:
         if not row.get("cached", True):
             line += " (measured on a busy machine: not cached)"
         lines.append(line)
+    checked = getattr(model, "_leapdecode_whole_step", None)  # kernels.whole_step's outcome, where it ran
+    if checked is not None:
+        native = [(a, b, "every layer on the panel kernel") for a, b, on in checked[1].ranges() if on]
+        lines.append(f"whole steps (timed): {spans(native) if native else 'the choices above at every row count'}")
     return lines

@@ -50,6 +50,14 @@ typedef int8_t vs __attribute__((vector_size(VL)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
 #define GROUP 32 /* inputs per group of codes */
 
+/* A thread streams each panel from memory once, in order, but a tile of few rows does so little arithmetic per byte
+   that the CPU's own prefetcher falls behind on some hosts (a one-row step then ran at a fraction of the memory's
+   speed): each tile asks for the bytes AHEAD beyond those it reads now. A hint only: it changes no value. */
+#define AHEAD 4096
+static inline __attribute__((always_inline)) void prefetch_bytes(const void *p, int bytes) {
+    for (int line = 0; line < bytes; line += 64) __builtin_prefetch((const char *)p + line);
+}
+
 static inline vf loadv(const float *p) {
     vf v;
     memcpy(&v, p, sizeof v);
@@ -151,18 +159,6 @@ static inline __attribute__((always_inline)) void weights_of(const int bits, con
     *w1 = bits == 4 ? q1 * c->d1 + c->m1 : q1 * c->d1;
 }
 
-/* the fp32 weights of k's GROUP * g .. GROUP * (g + 1) - 1 of a coded panel into w (the fp32 panel layout) */
-static inline __attribute__((always_inline)) void rebuild_group(const int bits, const uint8_t *codes,
-                                                                const uint16_t *scales, int64_t g, float *w) {
-    group_scales c = scales_of(bits, scales, g);
-    for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
-        vf w0, w1;
-        weights_of(bits, codes, k, &c, &w0, &w1);
-        memcpy(w + (k - g * GROUP) * PANEL, &w0, sizeof w0);
-        memcpy(w + (k - g * GROUP) * PANEL + VL, &w1, sizeof w1);
-    }
-}
-
 int64_t panel_width(void) { return PANEL; }
 
 /* the accumulators of R rows into R rows of y (+ bias) */
@@ -196,6 +192,7 @@ static inline __attribute__((always_inline)) void tile(const int R, int64_t K, c
     vf lo[ROWS], hi[ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
     for (int64_t k = 0; k < K; k++) {
+        prefetch_bytes(w + k * PANEL + AHEAD / 4, PANEL * 4);
         vf w0 = loadv(w + k * PANEL), w1 = loadv(w + k * PANEL + VL);
         for (int r = 0; r < R; r++) {
             float xr = x[r * ldx + k];
@@ -212,8 +209,11 @@ static inline __attribute__((always_inline)) void coded_tile(const int bits, con
                                                              const float *bias, float *y, int64_t ldy, int64_t cols) {
     vf lo[ROWS], hi[ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
+    const int group_bytes = GROUP * CODE_BYTES(bits), ahead = AHEAD / group_bytes; /* in groups */
     for (int64_t g = 0; g < K / GROUP; g++) {
         group_scales c = scales_of(bits, scales, g);
+        prefetch_bytes(codes + (g + ahead) * group_bytes, group_bytes);
+        prefetch_bytes(scales + (g + ahead) * SCALE_COUNT(bits), SCALE_COUNT(bits) * 2);
         for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
             vf w0, w1;
             weights_of(bits, codes, k, &c, &w0, &w1);
@@ -272,37 +272,24 @@ void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
     panel_rows(M, N, K, x, ldx, panels, bias, y, ldy);
 }
 
-/* coded_panel_linear's panels, shared out between the threads of the enclosing parallel region. Rows that fit one
-   tile rebuild the weights group by group as they go; more rows would rebuild them once per tile, so each panel is
-   rebuilt once into a buffer of the thread and multiplied as an fp32 panel. */
+/* coded_panel_linear's panels, shared out between the threads of the enclosing parallel region. Each tile rebuilds
+   the weights in registers as its sums reach them; more rows than one tile take as few tiles of equal size as hold
+   them, each reading the panel's codes again from the cache (rebuilding a panel once into an fp32 buffer instead
+   cost more: its four times the bytes went out to the cache and back). */
 static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
                              const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy) {
     int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits);
-    int64_t scale_count = K / GROUP * SCALE_COUNT(bits);
-    if (M <= ROWS) {
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < count; p++) {
-            int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-            rows_times_coded_panel((int)bits, (int)M, K, x, ldx, codes + p * code_bytes, scales + p * scale_count,
-                                   bias ? bias + first : 0, y + first, ldy, cols);
-        }
-        return;
-    }
-    float *w = malloc(K * PANEL * sizeof(float));
+    int64_t scale_count = K / GROUP * SCALE_COUNT(bits), tiles = (M + ROWS - 1) / ROWS;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < count; p++) {
         int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-        for (int64_t g = 0; g < K / GROUP; g++)
-            if (bits == 4)
-                rebuild_group(4, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
-            else
-                rebuild_group(8, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
-        for (int64_t m = 0; m < M; m += ROWS) {
-            int R = M - m < ROWS ? (int)(M - m) : ROWS;
-            rows_times_panel(R, K, x + m * ldx, ldx, w, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t m = M * t / tiles;
+            int R = (int)(M * (t + 1) / tiles - m);
+            rows_times_coded_panel((int)bits, R, K, x + m * ldx, ldx, codes + p * code_bytes,
+                                   scales + p * scale_count, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
         }
     }
-    free(w);
 }
 
 /* panel_linear's product from coded panels of `bits`-bit codes (as packed by kernels/native_linear.py; K a multiple of

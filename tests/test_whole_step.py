@@ -1,0 +1,117 @@
+"""Kernel choice checked on whole steps (kernels.whole_step): per row count the faster of the per-layer plans and the
+panel kernel everywhere, by timing the forward itself; layers routed by the outcome; the outcome cached per host,
+model and settings; and the model's tokens unchanged by whichever way runs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from leapdecode import kernels
+from leapdecode.kernels import BUCKETS, calibrate, packed, whole_step
+from leapdecode.runner import Runner
+
+
+@pytest.fixture(autouse=True)
+def private_cache(private_calibration):
+    return private_calibration
+
+
+def prepared(seed: int, vocab: int = 97):
+    """A tiny Llama with its kernels installed and calibrated (a Runner made on it), its layers' plans forced to
+    F.linear at every row count (so that both ways differ everywhere), and the layers a forward runs."""
+    model = tiny_model("llama", seed=seed, vocab=vocab)
+    runner = Runner(model)
+    layers = whole_step.layers_of(model, runner.decoder)
+    for layer in layers:
+        plan = layer._leapdecode_plan
+        plan._linear = plan._argmax = ["hf"] * len(plan.buckets)
+        layer.__dict__.pop("_leapdecode_native_rows", None)
+    model.__dict__.pop("_leapdecode_whole_step", None)
+    for key in [k for k in calibrate._memory if "|whole-step|" in k]:  # the Runner's own check, forgotten
+        del calibrate._memory[key]
+    packed.forget_routes()
+    return model, layers
+
+
+def sleeping(native_s, plan_s, calls=None):
+    """A stand-in forward that takes `native_s(rows)` seconds with every layer forced onto the panel kernel and
+    `plan_s(rows)` otherwise."""
+
+    def forward(rows: int) -> None:
+        if calls is not None:
+            calls.append(rows)
+        time.sleep(native_s(rows) if kernels.settings()["linear"] == "native-q" else plan_s(rows))
+
+    return forward
+
+
+def test_each_row_count_takes_the_way_its_whole_forward_ran_faster():
+    model, layers = prepared(seed=1)
+    forward = sleeping(lambda rows: 0.003 if rows <= 8 else 0.001, lambda rows: 0.002)
+    entry = whole_step.measure(layers, forward)
+    assert entry["buckets"] == list(BUCKETS)
+    assert entry["native"] == [rows > 8 for rows in BUCKETS]
+    assert all(p is not None and n is not None for p, n in zip(entry["ms"]["plan"], entry["ms"]["native"]))
+
+
+def test_a_tie_goes_to_the_panel_kernel_and_rows_it_already_runs_are_not_timed():
+    model, layers = prepared(seed=2)
+    on_panels = {b for b in BUCKETS if b >= 32}
+    for layer in layers:  # the plan itself takes the panel kernel from 32 rows on
+        plan = layer._leapdecode_plan
+        want = "native-q" if packed.coded_bits(layer) else "native"
+        plan._linear = plan._argmax = [want if b in on_panels else "hf" for b in plan.buckets]
+    packed.forget_routes()
+    calls = []
+    entry = whole_step.measure(layers, sleeping(lambda rows: 0.002, lambda rows: 0.002, calls))
+    assert all(entry["native"])  # within the margin: the panel kernel (one native call, the same bits per row)
+    assert set(calls) == set(BUCKETS) - on_panels
+
+
+def test_the_outcome_routes_every_layer_and_is_read_from_the_cache_afterwards():
+    model, layers = prepared(seed=3)
+    calls = []
+    forward = sleeping(lambda rows: 0.0005 if rows < 16 else 0.003, lambda rows: 0.0015, calls)
+    table = whole_step.check(model, layers, lambda: forward)
+    assert calls and table.native == tuple(rows < 16 for rows in BUCKETS)
+    head = model.lm_head
+    for layer in layers:
+        assert layer._leapdecode_native_rows is table
+    for rows, native in ((1, True), (9, True), (16, False), (64, False)):
+        path = packed.chosen_path(head, rows, True, argmax_only=True)
+        assert (path == "native-q") == native, rows
+    calibrate._save()
+    again, again_layers = prepared(seed=3)  # the same model again: the outcome from the disk cache, nothing timed
+    calibrate.forget()
+    calls.clear()
+    assert whole_step.check(again, again_layers, lambda: forward).native == table.native and not calls
+    with kernels.configured(step="layers"):  # other settings: another outcome, measured anew
+        whole_step.check(again, again_layers, lambda: forward)
+    assert calls
+
+
+def test_greedy_tokens_are_the_same_whichever_way_runs():
+    """A real check on a tiny model (both ways timed), then a verification forward and one-row steps: the panel
+    kernel wherever it was chosen gives the verified rows the one-row steps' bits; every token equals F.linear's."""
+    model = tiny_model("llama", seed=4, vocab=97)
+    ids = torch.randint(0, 97, (14,), generator=torch.Generator().manual_seed(4)).tolist()
+    with kernels.configured(linear="hf"):
+        reference = Runner(model)
+        reference.argmax_only = True
+        reference.prefill(ids[:6])
+        want = reference.forward(ids[6:]).argmax(-1)
+    runner = Runner(model)  # "auto": whole_step.check has run for this model
+    assert model._leapdecode_whole_step is not None
+    runner.argmax_only = True
+    runner.prefill(ids[:6])
+    verified = runner.forward(ids[6:])
+    runner.rollback(len(ids) - 6)
+    alone = torch.cat([runner.forward([t]) for t in ids[6:]])
+    assert torch.equal(verified.argmax(-1), want) and torch.equal(alone.argmax(-1), want)
+    native = model.lm_head._leapdecode_native_rows
+    if native(1) and native(len(ids) - 6):
+        assert torch.equal(verified, alone)
