@@ -421,18 +421,15 @@ def test_the_attached_head_runs_in_the_precision_measured_fastest(target, monkey
     class Slow:
         config = head.config
 
-        def step(self, feature, token):
+        def draft_step(self, feature, token):
             clock.sleep(0.001)
-            return feature
-
-        def logits(self, feature):
-            return feature
+            return feature, feature
 
     assert precision.fastest({"slow": Slow(), "head": head}, repeats=2, steps=3) == "head"
     assert precision.fastest({"head": head, "slow": Slow()}, repeats=2, steps=3) == "head"
 
     class Broken(Slow):
-        def step(self, feature, token):
+        def draft_step(self, feature, token):
             raise RuntimeError("this kernel does not take that shape")
 
     assert precision.fastest({"head": head, "broken": Broken()}, repeats=2, steps=3) == "head"
@@ -448,3 +445,46 @@ def test_the_attached_head_runs_in_the_precision_measured_fastest(target, monkey
         assert chosen.precision == wanted
         assert (chosen.out_linear is not None) == (wanted == "int8")
         assert chosen.embed_norm.weight.dtype == (torch.bfloat16 if wanted == "bfloat16" else torch.float32)
+
+
+def test_the_q8_heads_native_step_follows_its_torch_route_row_by_row(target):
+    """kernels.head_step: a q8 head's step and slice scores in one native call agree with its torch route to fp32
+    rounding, give each row the bits it gets alone (batched drafting), and draft as that route does; with the
+    native elementwise operations turned off the head keeps the torch route."""
+    from leapdecode import kernels
+    from leapdecode.drafters.head import HeadDrafter
+    from leapdecode.heads.precision import q8_available, q8_head
+
+    if not q8_available():
+        pytest.skip("the native kernels are not built here")
+    head, _ = tiny_head(target, trained=True)
+    quantized = q8_head(head)
+    native = quantized.native_step
+    assert native is not None and head.native_step is None
+    gen = torch.Generator().manual_seed(5)
+    features, tokens = torch.randn(5, 64, generator=gen) * 3, torch.randint(0, 96, (5,), generator=gen)
+    with torch.inference_mode(), kernels.packed_kernels(True):
+        got, scores = quantized.draft_step(features, tokens)
+        stepped = quantized.step(features, tokens)
+        expected = quantized.logits(stepped)
+        assert torch.allclose(got, stepped, rtol=1e-4, atol=1e-4) and torch.allclose(scores, expected, atol=1e-3)
+        assert not torch.equal(got, features)
+        for i in range(len(features)):
+            one, one_scores = native(features[i : i + 1], tokens[i : i + 1])
+            assert torch.equal(one[0], got[i]) and torch.equal(one_scores[0], scores[i])
+    contexts = [torch.randint(0, 96, (10 + i,), generator=gen).tolist() for i in range(4)]
+    drafts = {}
+    for route in ("native", "torch"):
+        quantized.native_step = native if route == "native" else None
+        drafters = []
+        for context, feature in zip(contexts, features):
+            drafter = HeadDrafter(quantized, lookup_ngram=0, confidence=0.0)
+            drafter.start(context, None)
+            drafter.see_hidden(feature)
+            drafters.append(drafter)
+        together = HeadDrafter.propose_many(drafters, contexts, [4] * len(contexts))
+        assert [d.tokens for d in together] == [d.propose(c, 4).tokens for d, c in zip(drafters, contexts)]
+        drafts[route] = [d.tokens for d in together]
+    assert drafts["native"] == drafts["torch"]  # a near tie could part them; these features have none
+    with kernels.configured(elementwise="torch"):
+        assert q8_head(head).native_step is None

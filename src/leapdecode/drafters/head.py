@@ -15,9 +15,9 @@ costs a few small matrix products per token and no KV cache, so a rejected draft
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..errors import require
@@ -148,27 +148,27 @@ class HeadDrafter(Drafter):
 
 
 def top1_many(drafters: list[HeadDrafter], features: torch.Tensor, scores: torch.Tensor) -> list[tuple[int, float]]:
-    """`_top1` of each row. A row whose request has no extra tokens reads the shared vocabulary's best score and
-    log-sum-exp, computed for all such rows in one call each; a row with extra tokens scores them and takes both from
-    its shared scores and its own in one row (the vocabulary wins a tie, as it comes first). Few small calls a row:
-    at one stream a head step's cost is mostly calls, not arithmetic."""
-    scores = scores.float()
-    own = [(w := d.extra_weight) @ f.to(w.dtype) if d.extra_ids else None for d, f in zip(drafters, features)]
-    plain = [i for i, o in enumerate(own) if o is None]
-    out: list[tuple[int, float] | None] = [None] * len(drafters)
-    if plain:
-        rows = scores[plain] if len(plain) < len(drafters) else scores
-        norms, (tops, bests) = torch.logsumexp(rows, -1).tolist(), (v.tolist() for v in rows.max(-1))
-        for i, norm, top, best in zip(plain, norms, tops, bests):
-            out[i] = (drafters[i].head.vocab_list[best], math.exp(top - norm))
-    for i, extra in enumerate(own):
+    """`_top1` of each row: the best of its shared vocabulary's scores and of its request's extra tokens (scored here,
+    one small product a row that has them; the vocabulary wins a tie, as it comes first), with its probability
+    among them all. The per-row reductions run in NumPy on the tensors' memory: at one stream a head step's cost is
+    mostly calls, and a NumPy call costs a fraction of a torch one."""
+    rows = scores.float().numpy()
+    out: list[tuple[int, float]] = []
+    for i, (drafter, feature) in enumerate(zip(drafters, features)):
+        row, vocab = rows[i], drafter.head.vocab_list
+        best = int(row.argmax())
+        top, token = float(row[best]), vocab[best]
+        extra = None
+        if drafter.extra_ids:
+            weight = drafter.extra_weight
+            extra = (weight @ feature.to(weight.dtype)).float().numpy()
+            at = int(extra.argmax())
+            if extra[at] > top:
+                top, token = float(extra[at]), drafter.extra_ids[at]
+        total = np.exp(row - top).sum(dtype=np.float64)
         if extra is not None:
-            row = torch.cat([scores[i], extra.float()])
-            top, best = (v.item() for v in row.max(-1))
-            norm = torch.logsumexp(row, -1).item()
-            vocab = drafters[i].head.vocab_list
-            token = vocab[best] if best < len(vocab) else drafters[i].extra_ids[best - len(vocab)]
-            out[i] = (token, math.exp(top - norm))
+            total += np.exp(extra - top).sum(dtype=np.float64)
+        out.append((token, float(1.0 / total)))
     return out
 
 
@@ -194,10 +194,9 @@ def _roll(head, rolling: list[_Rolling], drafts: list[Draft]) -> None:
     proposed, so that the calibration scores it, but not drafted)."""
     with packed_kernels(True):
         while rolling:
-            features = head.step(
+            features, scores = head.draft_step(  # the shared vocabulary's rows read once for all
                 torch.stack([r.feature for r in rolling]), torch.tensor([r.token for r in rolling], dtype=torch.long)
             )
-            scores = head.logits(features)  # the shared vocabulary's rows read once
             going = []
             best = top1_many([r.drafter for r in rolling], features, scores)
             for row, (r, (token, probability)) in enumerate(zip(rolling, best)):

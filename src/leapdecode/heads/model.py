@@ -50,6 +50,7 @@ class DraftHead(nn.Module):
         self.out_weight: torch.Tensor | None = None
         self.full_out_weight: torch.Tensor | None = None
         self.out_linear: nn.Module | None = None  # the output-head slice as a module (heads.precision)
+        self.native_step = None  # step and logits in one native call (heads.precision.q8_head), where it applies
         self.meta: dict = {}  # head.json of a loaded checkpoint (training summary)
 
     def attach(self, target: nn.Module) -> "DraftHead":
@@ -79,6 +80,13 @@ class DraftHead(nn.Module):
         if self.out_linear is not None:
             return self.out_linear(feature)
         return feature @ self.out_weight.T
+
+    def draft_step(self, feature: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`step`, then `logits` of it) for features [rows, d] and tokens [rows]: the route drafting takes."""
+        if self.native_step is not None:
+            return self.native_step(feature, token)
+        feature = self.step(feature, token)
+        return feature, self.logits(feature)
 
     @property
     def precision(self) -> str:
