@@ -29,6 +29,19 @@ def held_out(model, head):
     return evaluate(head, Windows(features(model, records), records, index, depth=3))
 
 
+def started_drafters(head, contexts, features):
+    """One head drafter per context, started on it and given its feature (no prompt lookup, no confidence floor)."""
+    from leapdecode.drafters.head import HeadDrafter
+
+    drafters = []
+    for context, feature in zip(contexts, features):
+        drafter = HeadDrafter(head, lookup_ngram=0, confidence=0.0)
+        drafter.start(context, None)
+        drafter.see_hidden(feature)
+        drafters.append(drafter)
+    return drafters
+
+
 def test_training_learns_the_targets_continuations(target):
     trained, summary = tiny_head(target, trained=True)
     random_head, _ = tiny_head(target, trained=False)
@@ -395,12 +408,7 @@ def test_int8_head_drafts_together_as_alone_and_agrees_with_fp32(target):
     features = [torch.randn(64, generator=gen) * 3 for _ in contexts]
     drafts = {}
     for name, h in (("fp32", head), ("int8", quantized)):
-        drafters = []
-        for context, feature in zip(contexts, features):
-            drafter = HeadDrafter(h, lookup_ngram=0, confidence=0.0)
-            drafter.start(context, None)
-            drafter.see_hidden(feature)
-            drafters.append(drafter)
+        drafters = started_drafters(h, contexts, features)
         together = HeadDrafter.propose_many(drafters, contexts, [4] * len(contexts))
         alone = [d.propose(c, 4) for d, c in zip(drafters, contexts)]
         assert [d.tokens for d in together] == [d.tokens for d in alone]
@@ -476,12 +484,7 @@ def test_the_q8_heads_native_step_follows_its_torch_route_row_by_row(target):
     drafts = {}
     for route in ("native", "torch"):
         quantized.native_step = native if route == "native" else None
-        drafters = []
-        for context, feature in zip(contexts, features):
-            drafter = HeadDrafter(quantized, lookup_ngram=0, confidence=0.0)
-            drafter.start(context, None)
-            drafter.see_hidden(feature)
-            drafters.append(drafter)
+        drafters = started_drafters(quantized, contexts, features)
         together = HeadDrafter.propose_many(drafters, contexts, [4] * len(contexts))
         assert [d.tokens for d in together] == [d.propose(c, 4).tokens for d, c in zip(drafters, contexts)]
         drafts[route] = [d.tokens for d in together]
