@@ -70,6 +70,8 @@ def test_a_tie_goes_to_the_panel_kernel_and_rows_it_already_runs_are_not_timed()
     entry = whole_step.measure(layers, sleeping(lambda rows: 0.002, lambda rows: 0.002, calls))
     assert all(entry["native"])  # within the margin: the panel kernel (one native call, the same bits per row)
     assert set(calls) == set(BUCKETS) - on_panels
+    table = whole_step.NativeRows(entry["native"])
+    assert table(1) and table(BUCKETS[-1]) and not table(BUCKETS[-1] + 1)  # past the timed rows: the plans
 
 
 def test_the_outcome_routes_every_layer_and_is_read_from_the_cache_afterwards():

@@ -29,14 +29,16 @@ SLOW_S = 1.0  # a forward slower than this is not timed again at larger row coun
 
 
 class NativeRows:
-    """Per row count (calibration's buckets, the nearest one), whether every layer runs on the panel kernel."""
+    """Per row count (calibration's buckets, the nearest one), whether every layer runs on the panel kernel. Past the
+    largest bucket nothing was timed (a long prompt read in one forward runs layer by layer, bound by arithmetic, where
+    the per-layer choices were measured to win), so there it is never."""
 
     def __init__(self, native: list[bool]):
         self.native = tuple(native)
         self._at = _nearest(BUCKETS)
 
     def __call__(self, rows: int) -> bool:
-        return self.native[self._at[min(rows, len(self._at) - 1)]]
+        return rows < len(self._at) and self.native[self._at[rows]]
 
     def ranges(self) -> list[tuple[int, int, bool]]:
         """[(first rows, last rows, native)] over the buckets, for reports."""
@@ -70,7 +72,7 @@ def check(
         layer._leapdecode_native_rows = table
         plan = getattr(layer, "_leapdecode_plan", None)
         if plan is not None:  # free what the plan would have run where the panel kernel runs instead
-            taken = [i for i, native in enumerate(table.native) if not native]
+            taken = [i for i, native in enumerate(table.native) if not native] + [len(BUCKETS) - 1]  # and past it
             kept = {p for i in taken for p in (plan._linear[i], plan._argmax[i], *plan._variant[i : i + 1])}
             drop_derived(layer, kept | {"native"} if coded_bits(layer) is None else kept)
     forget_routes()

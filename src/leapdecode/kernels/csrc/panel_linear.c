@@ -159,6 +159,20 @@ static inline __attribute__((always_inline)) void weights_of(const int bits, con
     *w1 = bits == 4 ? q1 * c->d1 + c->m1 : q1 * c->d1;
 }
 
+/* the fp32 weights of k's GROUP * g .. GROUP * (g + 1) - 1 of a coded panel into w (the fp32 panel layout), the
+   panel's bytes ahead asked for as they stream from memory */
+static inline __attribute__((always_inline)) void rebuild_group(const int bits, const uint8_t *codes,
+                                                                const uint16_t *scales, int64_t g, float *w) {
+    group_scales c = scales_of(bits, scales, g);
+    prefetch_bytes(codes + g * GROUP * CODE_BYTES(bits) + AHEAD, GROUP * CODE_BYTES(bits));
+    for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
+        vf w0, w1;
+        weights_of(bits, codes, k, &c, &w0, &w1);
+        memcpy(w + (k - g * GROUP) * PANEL, &w0, sizeof w0);
+        memcpy(w + (k - g * GROUP) * PANEL + VL, &w1, sizeof w1);
+    }
+}
+
 int64_t panel_width(void) { return PANEL; }
 
 /* the accumulators of R rows into R rows of y (+ bias) */
@@ -185,14 +199,15 @@ static inline __attribute__((always_inline)) void store_rows(const int R, const 
     }
 }
 
-/* R rows (a constant after inlining, so the accumulators stay in registers) times one panel */
-static inline __attribute__((always_inline)) void tile(const int R, int64_t K, const float *x, int64_t ldx,
-                                                       const float *w, const float *bias, float *y, int64_t ldy,
-                                                       int64_t cols) {
+/* R rows (a constant after inlining, so the accumulators stay in registers) times one panel; `streamed`: the panel
+   comes from memory (the first tile to read it), so the bytes ahead are asked for */
+static inline __attribute__((always_inline)) void tile(const int R, const int streamed, int64_t K, const float *x,
+                                                       int64_t ldx, const float *w, const float *bias, float *y,
+                                                       int64_t ldy, int64_t cols) {
     vf lo[ROWS], hi[ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
     for (int64_t k = 0; k < K; k++) {
-        prefetch_bytes(w + k * PANEL + AHEAD / 4, PANEL * 4);
+        if (streamed) prefetch_bytes(w + k * PANEL + AHEAD / 4, PANEL * 4);
         vf w0 = loadv(w + k * PANEL), w1 = loadv(w + k * PANEL + VL);
         for (int r = 0; r < R; r++) {
             float xr = x[r * ldx + k];
@@ -204,16 +219,19 @@ static inline __attribute__((always_inline)) void tile(const int R, int64_t K, c
 }
 
 /* the same for a coded panel, each weight rebuilt in registers as the sum reaches it */
-static inline __attribute__((always_inline)) void coded_tile(const int bits, const int R, int64_t K, const float *x,
-                                                             int64_t ldx, const uint8_t *codes, const uint16_t *scales,
+static inline __attribute__((always_inline)) void coded_tile(const int bits, const int R, const int streamed,
+                                                             int64_t K, const float *x, int64_t ldx,
+                                                             const uint8_t *codes, const uint16_t *scales,
                                                              const float *bias, float *y, int64_t ldy, int64_t cols) {
     vf lo[ROWS], hi[ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
     const int group_bytes = GROUP * CODE_BYTES(bits), ahead = AHEAD / group_bytes; /* in groups */
     for (int64_t g = 0; g < K / GROUP; g++) {
         group_scales c = scales_of(bits, scales, g);
-        prefetch_bytes(codes + (g + ahead) * group_bytes, group_bytes);
-        prefetch_bytes(scales + (g + ahead) * SCALE_COUNT(bits), SCALE_COUNT(bits) * 2);
+        if (streamed) {
+            prefetch_bytes(codes + (g + ahead) * group_bytes, group_bytes);
+            prefetch_bytes(scales + (g + ahead) * SCALE_COUNT(bits), SCALE_COUNT(bits) * 2);
+        }
         for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
             vf w0, w1;
             weights_of(bits, codes, k, &c, &w0, &w1);
@@ -227,22 +245,26 @@ static inline __attribute__((always_inline)) void coded_tile(const int bits, con
     store_rows(R, lo, hi, bias, y, ldy, cols);
 }
 
-static void rows_times_coded_panel(int bits, int R, int64_t K, const float *x, int64_t ldx, const uint8_t *codes,
-                                   const uint16_t *scales, const float *bias, float *y, int64_t ldy, int64_t cols) {
-    switch (R + 100 * (bits == 8)) {
+static void rows_times_coded_panel(int bits, int R, int streamed, int64_t K, const float *x, int64_t ldx,
+                                   const uint8_t *codes, const uint16_t *scales, const float *bias, float *y,
+                                   int64_t ldy, int64_t cols) {
+    switch (R + 100 * (bits == 8) + 1000 * (streamed != 0)) {
 #define CASE(n) \
-    case n: coded_tile(4, n, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
-    case n + 100: coded_tile(8, n, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
+    case n: coded_tile(4, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 100: coded_tile(8, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 1000: coded_tile(4, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 1100: coded_tile(8, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
         EACH_ROW_COUNT(CASE)
 #undef CASE
     }
 }
 
-static void rows_times_panel(int R, int64_t K, const float *x, int64_t ldx, const float *w, const float *bias,
-                             float *y, int64_t ldy, int64_t cols) {
-    switch (R) {
+static void rows_times_panel(int R, int streamed, int64_t K, const float *x, int64_t ldx, const float *w,
+                             const float *bias, float *y, int64_t ldy, int64_t cols) {
+    switch (R + 100 * (streamed != 0)) {
 #define CASE(n) \
-    case n: tile(n, K, x, ldx, w, bias, y, ldy, cols); break;
+    case n: tile(n, 0, K, x, ldx, w, bias, y, ldy, cols); break; \
+    case n + 100: tile(n, 1, K, x, ldx, w, bias, y, ldy, cols); break;
         EACH_ROW_COUNT(CASE)
 #undef CASE
     }
@@ -257,7 +279,7 @@ static void panel_rows(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
         int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
         for (int64_t m = 0; m < M; m += ROWS) {
             int R = M - m < ROWS ? (int)(M - m) : ROWS;
-            rows_times_panel(R, K, x + m * ldx, ldx, panels + p * K * PANEL, bias ? bias + first : 0,
+            rows_times_panel(R, m == 0, K, x + m * ldx, ldx, panels + p * K * PANEL, bias ? bias + first : 0,
                              y + m * ldy + first, ldy, cols);
         }
     }
@@ -272,24 +294,44 @@ void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
     panel_rows(M, N, K, x, ldx, panels, bias, y, ldy);
 }
 
-/* coded_panel_linear's panels, shared out between the threads of the enclosing parallel region. Each tile rebuilds
-   the weights in registers as its sums reach them; more rows than one tile take as few tiles of equal size as hold
-   them, each reading the panel's codes again from the cache (rebuilding a panel once into an fp32 buffer instead
-   cost more: its four times the bytes went out to the cache and back). */
+/* coded_panel_linear's panels, shared out between the threads of the enclosing parallel region. Up to CODED_TILES
+   tiles' worth of rows go through as few tiles of equal size as hold them, each rebuilding the weights in registers
+   from the panel's codes (the first from memory, the others from the cache). More rows would rebuild each weight once
+   per tile, so each panel is then rebuilt once into an fp32 buffer of the thread and multiplied from there. */
+#define CODED_TILES 4
 static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
                              const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy) {
     int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits);
     int64_t scale_count = K / GROUP * SCALE_COUNT(bits), tiles = (M + ROWS - 1) / ROWS;
+    if (tiles <= CODED_TILES) {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < count; p++) {
+            int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
+            for (int64_t t = 0; t < tiles; t++) {
+                int64_t m = M * t / tiles;
+                int R = (int)(M * (t + 1) / tiles - m);
+                rows_times_coded_panel((int)bits, R, t == 0, K, x + m * ldx, ldx, codes + p * code_bytes,
+                                       scales + p * scale_count, bias ? bias + first : 0, y + m * ldy + first, ldy,
+                                       cols);
+            }
+        }
+        return;
+    }
+    float *w = malloc(K * PANEL * sizeof(float));
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < count; p++) {
         int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-        for (int64_t t = 0; t < tiles; t++) {
-            int64_t m = M * t / tiles;
-            int R = (int)(M * (t + 1) / tiles - m);
-            rows_times_coded_panel((int)bits, R, K, x + m * ldx, ldx, codes + p * code_bytes,
-                                   scales + p * scale_count, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
+        for (int64_t g = 0; g < K / GROUP; g++)
+            if (bits == 4)
+                rebuild_group(4, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
+            else
+                rebuild_group(8, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
+        for (int64_t m = 0; m < M; m += ROWS) {
+            int R = M - m < ROWS ? (int)(M - m) : ROWS;
+            rows_times_panel(R, 0, K, x + m * ldx, ldx, w, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
         }
     }
+    free(w);
 }
 
 /* panel_linear's product from coded panels of `bits`-bit codes (as packed by kernels/native_linear.py; K a multiple of
