@@ -53,9 +53,10 @@ def kernel_table(model: torch.nn.Module) -> list[dict]:
 def describe_kernels(model: torch.nn.Module) -> list[str]:
     """kernel_table as short lines, e.g. '576x576 float32 x60: packed-pad 1-3, packed 4-256'."""
 
-    def spans(ranges):
+    def spans(ranges, open_ended: bool = True):
         return ", ".join(
-            f"{p} {a}" + (f"-{b}" if b > a else "") + ("+" if b == BUCKETS[-1] else "") for a, b, p in ranges
+            f"{p} {a}" + (f"-{b}" if b > a else "") + ("+" if open_ended and b == BUCKETS[-1] else "")
+            for a, b, p in ranges
         )
 
     lines = []
@@ -69,5 +70,8 @@ def describe_kernels(model: torch.nn.Module) -> list[str]:
     checked = getattr(model, "_leapdecode_whole_step", None)  # kernels.whole_step's outcome, where it ran
     if checked is not None:
         native = [(a, b, "every layer on the panel kernel") for a, b, on in checked[1].ranges() if on]
-        lines.append(f"whole steps (timed): {spans(native) if native else 'the choices above at every row count'}")
+        # past the largest bucket the choices above run (whole_step.NativeRows): those spans end there
+        lines.append(
+            f"whole steps (timed): {spans(native, False) if native else 'the choices above at every row count'}"
+        )
     return lines
