@@ -271,17 +271,22 @@ static void rows_times_panel(int R, int streamed, int64_t K, const float *x, int
 }
 
 /* panel_linear's panels, shared out between the threads of the enclosing parallel region */
+/* all M rows times one fp32 panel w, ROWS at a time; `streamed`: the first tile reads w from memory */
+static void all_rows_times_panel(int64_t M, int streamed, int64_t K, const float *x, int64_t ldx, const float *w,
+                                 const float *bias, float *y, int64_t ldy, int64_t cols) {
+    for (int64_t m = 0; m < M; m += ROWS) {
+        int R = M - m < ROWS ? (int)(M - m) : ROWS;
+        rows_times_panel(R, streamed && m == 0, K, x + m * ldx, ldx, w, bias, y + m * ldy, ldy, cols);
+    }
+}
+
 static void panel_rows(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const float *panels,
                        const float *bias, float *y, int64_t ldy) {
     int64_t count = (N + PANEL - 1) / PANEL;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < count; p++) {
         int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-        for (int64_t m = 0; m < M; m += ROWS) {
-            int R = M - m < ROWS ? (int)(M - m) : ROWS;
-            rows_times_panel(R, m == 0, K, x + m * ldx, ldx, panels + p * K * PANEL, bias ? bias + first : 0,
-                             y + m * ldy + first, ldy, cols);
-        }
+        all_rows_times_panel(M, 1, K, x, ldx, panels + p * K * PANEL, bias ? bias + first : 0, y + first, ldy, cols);
     }
 }
 
@@ -326,10 +331,7 @@ static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, cons
                 rebuild_group(4, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
             else
                 rebuild_group(8, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
-        for (int64_t m = 0; m < M; m += ROWS) {
-            int R = M - m < ROWS ? (int)(M - m) : ROWS;
-            rows_times_panel(R, 0, K, x + m * ldx, ldx, w, bias ? bias + first : 0, y + m * ldy + first, ldy, cols);
-        }
+        all_rows_times_panel(M, 0, K, x, ldx, w, bias ? bias + first : 0, y + first, ldy, cols);
     }
     free(w);
 }

@@ -81,7 +81,8 @@ def _head_source(ctx: BenchContext) -> str:
     summary = head.meta.get("summary", {})
     return (
         f"{ctx.head or 'shipped head of ' + ctx.target.name}: {head.size() / 1e6:.1f}M weights in {head.precision} "
-        f"(the fastest here{', one native call a step' if head.native_step else ''}), {len(head.vocab_ids)} output tokens, trained on {summary.get('answer_tokens', '?')} answer "
+        f"(the fastest here{', one native call a step' if head.native_step else ''}), {len(head.vocab_ids)} output "
+        f"tokens, trained on {summary.get('answer_tokens', '?')} answer "
         "tokens of the project's own prompts (none from the suites)"
     )
 
