@@ -40,7 +40,7 @@ from .packed import (
 )
 from .settings import cache_dir, host_cpu
 
-VERSION = 13  # bump when what is measured changes: older cache entries are then ignored
+VERSION = 14  # bump when what is measured changes: older cache entries are then ignored
 # 1 + draft length for single requests (up to 17), and the flat batches of a batched engine
 BUCKETS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 64, 128, 256)
 # the output head is one huge layer per model: its bf16 argmax variants are timed at fewer row counts

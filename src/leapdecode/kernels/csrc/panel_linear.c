@@ -66,13 +66,16 @@ static inline vf loadv(const float *p) {
 
 /* one k of a coded panel as the codes of its two vectors of columns, as floats: 4-bit codes are VL bytes (byte j:
    column j in its low nibble, column VL + j in its high one), 8-bit codes PANEL signed bytes (GCC lowers a generic
-   byte-to-float vector conversion one lane at a time, hence the intrinsics) */
+   byte-to-float vector conversion one lane at a time, hence the intrinsics). With AVX-512 a 4-bit code becomes its
+   float by a lookup in a register of the 16 values (a permute reads only an index's low 4 bits, so the low nibble
+   needs no mask): on few rows the kernel is bound by these instructions, not by memory, and this takes one fewer. */
 static inline __attribute__((always_inline)) void codes_of(const int bits, const uint8_t *p, vf *low, vf *high) {
 #if defined(__AVX512F__)
     if (bits == 4) {
+        const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-        *low = (vf)_mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15)));
-        *high = (vf)_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
+        *low = (vf)_mm512_permutexvar_ps(c, values);
+        *high = (vf)_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), values);
     } else {
         *low = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
         *high = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + VL))));
