@@ -250,6 +250,8 @@ def test_models_and_health(client, server):
     r = httpx.get(server[0] + "/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
     assert r.headers["x-leapdecode-instance"]
+    for ping in (httpx.get, httpx.post):  # vLLM's liveness path
+        assert ping(server[0] + "/ping").json()["status"] == "ok"
 
 
 # ---- errors ----------------------------------------------------------------------------------------------------------

@@ -108,6 +108,7 @@ def test_bodies_must_be_json(server, content_type):
     if content_type is None:
         r = httpx.post(url + "/v1/completions", content=body.encode(), headers={"content-type": ""})
     error_of(r, 415, "invalid_content_type")
+    error_of(httpx.post(url + "/v1/completions", headers=headers), 400)  # an empty POST: no body, so no JSON
 
 
 def test_a_crash_answers_an_error_id_and_logs_the_details(server, caplog):

@@ -114,6 +114,10 @@ def build_app(
         async def health(self, request: Request):
             return await self._route("/health", request)
 
+        @api.api_route("/ping", methods=["GET", "POST"])
+        async def ping(self, request: Request):
+            return await self._route("/ping", request)
+
         @api.get("/metrics")
         async def metrics(self, request: Request):
             return await self._route("/metrics", request)

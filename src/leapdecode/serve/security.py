@@ -8,7 +8,8 @@
   request with an Origin not in `--allowed-origins` (`*` allows any) is refused with 403 `origin_not_allowed`; an
   allowed one gets CORS answers (preflight included), so a page the operator named can call the API.
 * Content type: a POST body must be `application/json`. A browser can send text/plain or form bodies cross-origin
-  without asking first; JSON needs a CORS preflight, which the Origin rule answers. Refused: 415.
+  without asking first; JSON needs a CORS preflight, which the Origin rule answers. Refused: 415. (An
+  empty POST, such as vLLM's `POST /ping`, has no body to check.)
 * Error ids: an unexpected exception is logged with its traceback under an id; the client gets the id only
   ("internal error, id err-..."), never exception text, paths or host names.
 
@@ -125,7 +126,8 @@ class SecurityMiddleware:
                     (b"content-length", b"0"),
                 ]
                 return await self._answer(send, 204, preflight, b"")
-            if scope["method"] == "POST" and not _is_json(headers.get("content-type", "")):
+            empty = headers.get("content-length") == "0"  # nothing to read (a POST /ping)
+            if scope["method"] == "POST" and not empty and not _is_json(headers.get("content-type", "")):
                 refused = _error(
                     415,
                     "the request body must be JSON, sent with 'Content-Type: application/json'",
