@@ -1,6 +1,6 @@
 """Coded panels (kernels.native_linear.CodedPanels, csrc/panel_linear.c's coded_panel_linear): a weight that is exactly
 a quantized weight widened to fp32 (per group of 32 inputs d q + m with 4-bit codes, a GGUF Q4_1 weight as the packaged
-models load, or d q with 8-bit codes, Q8_0's) is multiplied from its codes with the very bits of the fp32 panel
+models load, or d q with 8-bit codes, Q8_0's and Q5_0's; per 16 inputs d q with fp32 d, Q6_K's) is multiplied from its codes with the very bits of the fp32 panel
 kernel, at every row count, with and without bias; a weight that does not come back bit for bit keeps fp32 panels;
 and a model whose weights have those forms decodes the same logits and keys/values from them, layer by layer and
 through the native step, prompt rows and verified rows alike. So "native-q" changes speed, never a bit of the
@@ -14,7 +14,16 @@ from conftest import tiny_model
 
 from leapdecode import kernels
 from leapdecode.kernels import decoder_step, packed
-from leapdecode.kernels.native_linear import GROUP, CodedPanels, Panels, coded_form, q4_form, q8_form
+from leapdecode.kernels.native_linear import (
+    GROUP,
+    Q6_GROUP,
+    CodedPanels,
+    Panels,
+    coded_form,
+    q4_form,
+    q6_form,
+    q8_form,
+)
 from leapdecode.runner import Runner
 
 
@@ -43,10 +52,32 @@ def widened_8bit(weight: torch.Tensor) -> torch.Tensor:
     return (d * codes).reshape(out, inp)
 
 
-WIDEN = {4: widened_4bit, 8: widened_8bit}
+def widened_5bit(weight: torch.Tensor) -> torch.Tensor:
+    """The weight rounded to Q5_0 (per group of 32 inputs: d = the extreme value / -16 in fp16, so d < 0 where the
+    extreme is positive, codes -16..15) and widened back: a zero code times a negative d is -0."""
+    out, inp = weight.shape
+    groups = weight.reshape(out, inp // GROUP, GROUP)
+    extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True))
+    d = (extreme / -16).half().float()
+    return (d * torch.round(groups / torch.where(d != 0, d, 1.0)).clamp(-16, 15)).reshape(out, inp)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+def widened_6bit(weight: torch.Tensor) -> torch.Tensor:
+    """The weight rounded to the form of Q6_K and widened back: per 16 inputs d = D s, D an fp16 value per row, s an
+    8-bit sub-scale (so d is exact in fp32 and most often no fp16 value), codes -32..31."""
+    out, inp = weight.shape
+    groups = weight.reshape(out, inp // Q6_GROUP, Q6_GROUP)
+    row = (weight.abs().amax(-1) / 32 / 127).half().float()[:, None, None]
+    s = torch.round(groups.abs().amax(-1, keepdim=True) / 32 / row).clamp(1, 127)
+    d = row * s
+    return (d * (torch.round(groups / d).clamp(-32, 31) + 0.0)).reshape(out, inp)
+
+
+WIDEN = {4: widened_4bit, 8: widened_8bit, 5: widened_5bit, 6: widened_6bit}
+STORED = {4: 4, 8: 8, 5: 8, 6: 6}  # Q5_0's codes fit 8-bit ones
+
+
+@pytest.mark.parametrize("bits", [4, 8, 5, 6])
 @pytest.mark.parametrize("out_features,in_features", [(5, 32), (33, 64), (250, 128), (512, 576)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_exact_codes_give_the_fp32_panels_bits_at_every_row_count(
@@ -58,9 +89,9 @@ def test_exact_codes_give_the_fp32_panels_bits_at_every_row_count(
     weight = WIDEN[bits](source)
     b = torch.randn(out_features, generator=gen) if bias else None
     coded = coded_form(weight)
-    assert coded is not None and coded.bits == bits
+    assert coded is not None and coded.bits == STORED[bits]
     fp32 = Panels(weight)
-    for rows in (1, 2, 3, 5, 8, 11, 12, 13, 16, 24, 25, 40):  # one tile, several, and a part tile after full ones
+    for rows in (1, 2, 3, 5, 8, 11, 12, 13, 16, 24, 25, 40, 60):  # one tile, several, a part tile, panels rebuilt
         x = torch.randn(rows, in_features, generator=gen)
         got, want = coded(x, b), fp32(x, b)
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), rows
@@ -89,17 +120,28 @@ def test_only_weights_that_come_back_bit_for_bit_have_codes(native_linear_lib):
     eight[3, 3] = torch.nextafter(eight[3, 3], torch.tensor(1.0))
     assert q8_form(eight) is None and coded_form(eight) is None
     eight = widened_8bit(torch.randn(64, 96, generator=gen))
-    eight[7, 40] = -0.0  # a code's product is never -0: no form
-    assert q8_form(eight) is None
+    eight[7, 40] = -0.0  # comes back as +0, which leaves every sum's bits as they are
+    assert q8_form(eight) is not None
+    x = torch.randn(3, 96, generator=gen)
+    assert torch.equal(coded_form(eight)(x, None).view(torch.int32), Panels(eight)(x, None).view(torch.int32))
+    six = widened_6bit(torch.randn(64, 96, generator=gen))
+    codes, d = q6_form(six)
+    assert torch.equal(d.repeat_interleave(Q6_GROUP, 1) * codes.float(), six)
+    assert not torch.equal(d.half().float(), d)  # scales no fp16 value holds: the 8-bit form cannot take them
+    assert q8_form(six) is None
+    six[1, 1] = torch.nextafter(six[1, 1], torch.tensor(1.0))
+    assert q6_form(six) is None
 
 
 def coded_model(arch: str, seed: int) -> torch.nn.Module:
-    """A tiny model whose attention weights are Q8_0 and MLP and output head weights Q4_1, widened to fp32."""
+    """A tiny model whose q/k/v weights are Q8_0, output projections Q5_0, down projections Q6_K's form and the
+    other MLP and output head weights Q4_1, widened to fp32 (a GGUF file mixes such types)."""
     model = tiny_model(arch, seed=seed, vocab=97)
+    kinds = {"o_proj": 5, "down_proj": 6, "q_proj": 8, "k_proj": 8, "v_proj": 8}
     with torch.no_grad():
         for name, module in model.named_modules():
             if type(module) is torch.nn.Linear:
-                module.weight.copy_(WIDEN[8 if "self_attn" in name else 4](module.weight))
+                module.weight.copy_(WIDEN[kinds.get(name.rsplit(".", 1)[-1], 4)](module.weight))
     return model
 
 
@@ -138,7 +180,7 @@ def test_a_model_with_exact_codes_decodes_the_same_bits_from_them(native_linear_
             got[weights] = decode(model, prompt, feeds)
             states = [packed._route(m, 1, True, False)[1] for m in packed.installed(model)]
             assert all(type(s) is (CodedPanels if weights == "codes" else Panels) for s in states)
-    assert {4, 8} <= set(used) if step == "layers" else set(used) == {4}  # the native step's products run in C
+    assert {4, 6, 8} <= set(used) if step == "layers" else set(used) == {4}  # the native step's products run in C
     for a, b in zip(got["fp32"][0], got["codes"][0]):
         assert torch.equal(a, b)
     for a, b in zip(got["fp32"][1], got["codes"][1]):

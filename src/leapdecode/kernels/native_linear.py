@@ -59,16 +59,18 @@ def describe() -> str:
     return f"native panel kernel ({flags}) where calibration finds it fastest (see the kernel table)"
 
 
-GROUP = 32  # inputs per group of codes (csrc/panel_linear.c)
+GROUP = 32  # inputs per group of 4- and 8-bit codes (csrc/panel_linear.c)
+Q6_GROUP = 16  # inputs per group of the 6-bit form's codes
 
 
 def coded_form(weight: torch.Tensor) -> CodedPanels | None:
-    """The weight's exact codes packed for the kernel (4-bit where it has that form, else 8-bit), or None."""
-    form = q4_form(weight)
-    if form is not None:
-        return CodedPanels(4, *form)
-    form = q8_form(weight)
-    return None if form is None else CodedPanels(8, *form)
+    """The weight's exact codes packed for the kernel (4-bit where it has that form, else 8-bit, else 8-bit codes with
+    fp32 scales per 16 inputs), or None."""
+    for bits, form_of in ((4, q4_form), (8, q8_form), (6, q6_form)):
+        form = form_of(weight)
+        if form is not None:
+            return CodedPanels(bits, *form)
+    return None
 
 
 def _fp16_near(value: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -81,8 +83,10 @@ def _fp16_near(value: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def _codes_for(groups: torch.Tensor, candidates, low: torch.Tensor | None, top: int):
     """Per group the first candidate scale d whose codes q = round((w - low) / d), clamped to [-top - 1 or 0, top],
     give every w back bit for bit as d q (+ low); (codes, d) or None where some group has none. Each candidate after
-    the first is tried only on the groups still without codes."""
-    flat = groups.reshape(-1, GROUP)
+    the first is tried only on the groups still without codes. A -0 weight counts as given back by +0 (GGUF's Q4_0
+    and Q5_0 store d with the sign of the group's extreme, so a zero code times a negative d is -0): every sum of the
+    kernels starts from +0, and adding a product with a zero weight, of either sign, to it leaves the same bits."""
+    flat = groups.reshape(-1, groups.shape[-1])
     offset = torch.zeros(flat.shape[0]) if low is None else low.reshape(-1)
     codes, scale = torch.empty(flat.shape, dtype=torch.int16), torch.empty(flat.shape[0])
     todo = None  # every group
@@ -91,7 +95,9 @@ def _codes_for(groups: torch.Tensor, candidates, low: torch.Tensor | None, top: 
         w, o = (flat, offset) if todo is None else (flat[todo], offset[todo])
         q = torch.round((w - o[:, None]) / torch.where(d > 0, d, 1.0)[:, None])
         q = q.clamp_(0 if low is not None else -top - 1, top).add_(0.0)  # no -0: the kernel's codes are integers
-        same = ((d[:, None] * q + o[:, None]).view(torch.int32) == w.view(torch.int32)).all(-1) & torch.isfinite(d)
+        back = d[:, None] * q + o[:, None]
+        same = (back.view(torch.int32) == w.view(torch.int32)) | ((back == 0) & (w == 0))
+        same = same.all(-1) & torch.isfinite(d)
         hit = same.nonzero().squeeze(1) if todo is None else todo[same]
         codes[hit], scale[hit] = q[same].to(torch.int16), d[same]
         todo = (~same).nonzero().squeeze(1) if todo is None else todo[~same]
@@ -100,16 +106,17 @@ def _codes_for(groups: torch.Tensor, candidates, low: torch.Tensor | None, top: 
     return None
 
 
-def _grouped(weight: torch.Tensor) -> torch.Tensor | None:
-    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % GROUP or weight.numel() == 0:
+def _grouped(weight: torch.Tensor, group: int = GROUP) -> torch.Tensor | None:
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % group or weight.numel() == 0:
         return None
-    return weight.detach().reshape(weight.shape[0], -1, GROUP)
+    return weight.detach().reshape(weight.shape[0], -1, group)
 
 
 def q8_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(codes [out, in] int8, d [out, in / GROUP] fp32) with weight == d q bit for bit in every group of GROUP inputs,
-    d an fp16 value (GGUF Q8_0: d = max |w| / 127), or None. d is tried at the fp16 values nearest max |w| / 127 and
-    max |w| / 128, per group."""
+    d an fp16 value, or None. That is the form of GGUF's Q8_0 (d = max |w| / 127), and of its Q5_0 and Q4_0 too (d q
+    with q in -16..15 or -8..7, d = the group's extreme / -16 or / -8), read as 8-bit codes: d is tried at the fp16
+    values nearest max |w| / 127, / 128, / 16 and / 8, per group."""
     if weight.shape[0] > 1 and q8_form(weight[:1]) is None:  # most weights without such a form fail on their first row
         return None
     groups = _grouped(weight)
@@ -117,7 +124,24 @@ def q8_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
     with torch.no_grad():
         top = groups.abs().amax(-1)
-        found = _codes_for(groups, _fp16_near(top / 127) + _fp16_near(top / 128), None, 127)
+        scales = sum((_fp16_near(top / n) for n in (127, 128, 16, 8)), ())
+        found = _codes_for(groups, scales, None, 127)
+    return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1])
+
+
+def q6_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(codes [out, in] int8, d [out, in / Q6_GROUP] fp32) with weight == d q bit for bit in every group of Q6_GROUP
+    inputs, q in -32..32, or None: the form of GGUF's Q6_K, whose d per 16 inputs is an fp16 value times an 8-bit
+    sub-scale (so d q is exact in fp32, but d is no fp16 value). d is tried at max |w| / n for n = 32 down to 1 (the
+    largest code of a group is often under 32 in Q6_K, whose scale search trades it for a smaller error)."""
+    if weight.shape[0] > 1 and q6_form(weight[:1]) is None:
+        return None
+    groups = _grouped(weight, Q6_GROUP)
+    if groups is None:
+        return None
+    with torch.no_grad():
+        top = groups.abs().amax(-1)
+        found = _codes_for(groups, [top / n for n in range(32, 0, -1)], None, 32)
     return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1])
 
 
@@ -159,11 +183,11 @@ class Panels:
 
 
 class CodedPanels:
-    """A weight as its exact codes (q4_form: bits 4; q8_form: bits 8, m None), packed for coded_panel_linear: per
-    panel of `width` output columns, the codes of each input (4-bit: width / 2 bytes, byte j holding column j in the
-    low nibble and column width / 2 + j in the high one; 8-bit: width signed bytes) and per group of GROUP inputs the
-    columns' d (then, 4-bit, their m) in fp16, which holds them exactly (q4_form, q8_form). Zero-padded columns are
-    0 q + 0."""
+    """A weight as its exact codes (q4_form: bits 4; q8_form: bits 8, m None; q6_form: bits 6, m None), packed for
+    coded_panel_linear: per panel of `width` output columns, the codes of each input (4-bit: width / 2 bytes, byte j
+    holding column j in the low nibble and column width / 2 + j in the high one; 8- and 6-bit: width signed bytes) and
+    per group of GROUP inputs the columns' d (then, 4-bit, their m) in fp16, which holds them exactly (q4_form,
+    q8_form), or per group of Q6_GROUP inputs their d in fp32 (q6_form). Zero-padded columns are 0 q + 0."""
 
     scales: torch.Tensor
 
@@ -188,7 +212,8 @@ class CodedPanels:
             self.scales = torch.stack([by_panel(d), by_panel(m)], dim=2).half().contiguous()
         else:
             self.data = columns.contiguous()
-            self.scales = by_panel(d).half().contiguous()  # [count, in / GROUP, width]
+            # [count, in / group, width]: fp16, or fp32 for 6-bit codes (the kernel reads them as 16-bit words)
+            self.scales = by_panel(d).to(torch.float32 if bits == 6 else torch.float16).contiguous()
 
     def __call__(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """flat [rows, in] (fp32) @ weight^T (+ bias) -> [rows, out], the bits Panels gives for the fp32 weight."""

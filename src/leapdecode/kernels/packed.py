@@ -227,7 +227,7 @@ def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
 
 
 def coded_bits(module: torch.nn.Linear) -> int | None:
-    """4 or 8 where the module's weight has exact codes for "native-q" (found once per weight and kept), else None.
+    """4, 8 or 6 where the module's weight has exact codes for "native-q" (found once per weight and kept), else None.
     A part of a fused layer (kernels.fused_decoder, whose fused layer holds the codes) is not encoded."""
     if not available("native-q", module.weight.dtype) or getattr(module, "_leapdecode_fused_part", False):
         return None

@@ -10,8 +10,10 @@
 
    coded_panel_linear computes the same products from a weight stored as codes: each group of 32 inputs of an output
    column holds w = d q + m with 4-bit codes q in 0..15 (the form of a GGUF Q4_1 weight dequantized to fp32) or
-   w = d q with 8-bit codes q in -128..127 (Q8_0's), d and m fp16 values (stored as such: fp32 scales would be a third
-   of a 4-bit weight's bytes), so that d q is exact in fp32. It rebuilds every w in registers, bit for bit (d q + m
+   w = d q with 8-bit codes q in -128..127 (Q8_0's, and Q5_0's and Q4_0's, whose codes fit), d and m fp16 values
+   (stored as such: fp32 scales would be a third of a 4-bit weight's bytes), so that d q is exact in fp32; or ("6-bit",
+   GGUF Q6_K's form) w = d q with 8-bit codes per group of 16 inputs and d an fp32 value (Q6_K's d is an fp16 value
+   times an 8-bit sub-scale: no fp16 value), d q exact in fp32. It rebuilds every w in registers, bit for bit (d q + m
    rounds once, fused or not), and sums in the same order: its outputs are panel_linear's on the fp32 weight, from
    under a sixth (4-bit) or just over a quarter (8-bit) of the bytes (kernels/native_linear.py encodes a weight only
    where every value comes back exactly).
@@ -48,7 +50,8 @@ typedef float vf __attribute__((vector_size(VL * 4)));
 typedef uint8_t vb __attribute__((vector_size(VL)));
 typedef int8_t vs __attribute__((vector_size(VL)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
-#define GROUP 32 /* inputs per group of codes */
+#define GROUP 32 /* inputs per group of codes (4- and 8-bit) */
+#define GROUP_OF(bits) ((bits) == 6 ? 16 : GROUP)
 
 /* A thread streams each panel from memory once, in order, but a tile of few rows does so little arithmetic per byte
    that the CPU's own prefetcher falls behind on some hosts (a one-row step then ran at a fraction of the memory's
@@ -66,7 +69,7 @@ static inline vf loadv(const float *p) {
 
 /* one k of a coded panel as the codes of its two vectors of columns, as floats: 4-bit codes are VL bytes (byte j:
    column j in its low nibble, column VL + j in its high one), 8-bit codes PANEL signed bytes (GCC lowers a generic
-   byte-to-float vector conversion one lane at a time, hence the intrinsics). With AVX-512 a 4-bit code becomes its
+   byte-to-float vector conversion one lane at a time, hence the intrinsics; 6-bit codes are stored as 8-bit ones). With AVX-512 a 4-bit code becomes its
    float by a lookup in a register of the 16 values (a permute reads only an index's low 4 bits, so the low nibble
    needs no mask): on few rows the kernel is bound by these instructions, not by memory, and this takes one fewer. */
 static inline __attribute__((always_inline)) void codes_of(const int bits, const uint8_t *p, vf *low, vf *high) {
@@ -106,9 +109,10 @@ static inline __attribute__((always_inline)) void codes_of(const int bits, const
 #endif
 }
 
-/* bytes of codes per k of a panel, and fp16 scales per group (d of the PANEL columns, then m for 4-bit codes) */
+/* bytes of codes per k of a panel, and 16-bit words of scales per group: fp16 d of the PANEL columns (then their m
+   for 4-bit codes), or their fp32 d for 6-bit codes */
 #define CODE_BYTES(bits) ((bits) == 4 ? VL : PANEL)
-#define SCALE_COUNT(bits) ((bits) == 4 ? 2 * PANEL : PANEL)
+#define SCALE_COUNT(bits) ((bits) == 8 ? PANEL : 2 * PANEL)
 
 /* an fp16 value as fp32 (exact: every fp16 value is an fp32 value) */
 static inline float half_to_float(uint16_t h) {
@@ -148,6 +152,10 @@ typedef struct {
 
 static inline __attribute__((always_inline)) group_scales scales_of(const int bits, const uint16_t *scales, int64_t g) {
     const uint16_t *s = scales + g * SCALE_COUNT(bits);
+    if (bits == 6) {
+        group_scales c = {loadv((const float *)s), loadv((const float *)s + VL), (vf){0}, (vf){0}};
+        return c;
+    }
     group_scales c = {load_halves(s), load_halves(s + VL), (vf){0}, (vf){0}};
     if (bits == 4) c.m0 = load_halves(s + PANEL), c.m1 = load_halves(s + PANEL + VL);
     return c;
@@ -162,17 +170,18 @@ static inline __attribute__((always_inline)) void weights_of(const int bits, con
     *w1 = bits == 4 ? q1 * c->d1 + c->m1 : q1 * c->d1;
 }
 
-/* the fp32 weights of k's GROUP * g .. GROUP * (g + 1) - 1 of a coded panel into w (the fp32 panel layout), the
-   panel's bytes ahead asked for as they stream from memory */
+/* the fp32 weights of group g's inputs of a coded panel into w (the fp32 panel layout), the panel's bytes ahead asked
+   for as they stream from memory */
 static inline __attribute__((always_inline)) void rebuild_group(const int bits, const uint8_t *codes,
                                                                 const uint16_t *scales, int64_t g, float *w) {
+    const int64_t group = GROUP_OF(bits);
     group_scales c = scales_of(bits, scales, g);
-    prefetch_bytes(codes + g * GROUP * CODE_BYTES(bits) + AHEAD, GROUP * CODE_BYTES(bits));
-    for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
+    prefetch_bytes(codes + g * group * CODE_BYTES(bits) + AHEAD, group * CODE_BYTES(bits));
+    for (int64_t k = g * group; k < (g + 1) * group; k++) {
         vf w0, w1;
         weights_of(bits, codes, k, &c, &w0, &w1);
-        memcpy(w + (k - g * GROUP) * PANEL, &w0, sizeof w0);
-        memcpy(w + (k - g * GROUP) * PANEL + VL, &w1, sizeof w1);
+        memcpy(w + (k - g * group) * PANEL, &w0, sizeof w0);
+        memcpy(w + (k - g * group) * PANEL + VL, &w1, sizeof w1);
     }
 }
 
@@ -228,14 +237,14 @@ static inline __attribute__((always_inline)) void coded_tile(const int bits, con
                                                              const float *bias, float *y, int64_t ldy, int64_t cols) {
     vf lo[ROWS], hi[ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = (vf){0};
-    const int group_bytes = GROUP * CODE_BYTES(bits), ahead = AHEAD / group_bytes; /* in groups */
-    for (int64_t g = 0; g < K / GROUP; g++) {
+    const int group = GROUP_OF(bits), group_bytes = group * CODE_BYTES(bits), ahead = AHEAD / group_bytes; /* groups */
+    for (int64_t g = 0; g < K / group; g++) {
         group_scales c = scales_of(bits, scales, g);
         if (streamed) {
             prefetch_bytes(codes + (g + ahead) * group_bytes, group_bytes);
             prefetch_bytes(scales + (g + ahead) * SCALE_COUNT(bits), SCALE_COUNT(bits) * 2);
         }
-        for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
+        for (int64_t k = g * group; k < (g + 1) * group; k++) {
             vf w0, w1;
             weights_of(bits, codes, k, &c, &w0, &w1);
             for (int r = 0; r < R; r++) {
@@ -251,12 +260,14 @@ static inline __attribute__((always_inline)) void coded_tile(const int bits, con
 static void rows_times_coded_panel(int bits, int R, int streamed, int64_t K, const float *x, int64_t ldx,
                                    const uint8_t *codes, const uint16_t *scales, const float *bias, float *y,
                                    int64_t ldy, int64_t cols) {
-    switch (R + 100 * (bits == 8) + 1000 * (streamed != 0)) {
+    switch (R + 100 * (bits == 8) + 200 * (bits == 6) + 1000 * (streamed != 0)) {
 #define CASE(n) \
     case n: coded_tile(4, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 100: coded_tile(8, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 200: coded_tile(6, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 1000: coded_tile(4, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
-    case n + 1100: coded_tile(8, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
+    case n + 1100: coded_tile(8, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 1200: coded_tile(6, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
         EACH_ROW_COUNT(CASE)
 #undef CASE
     }
@@ -310,7 +321,7 @@ void panel_linear(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
 static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
                              const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy) {
     int64_t count = (N + PANEL - 1) / PANEL, code_bytes = K * CODE_BYTES(bits);
-    int64_t scale_count = K / GROUP * SCALE_COUNT(bits), tiles = (M + ROWS - 1) / ROWS;
+    int64_t group = GROUP_OF(bits), scale_count = K / group * SCALE_COUNT(bits), tiles = (M + ROWS - 1) / ROWS;
     if (tiles <= CODED_TILES) {
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < count; p++) {
@@ -329,18 +340,20 @@ static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, cons
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < count; p++) {
         int64_t first = p * PANEL, cols = N - first < PANEL ? N - first : PANEL;
-        for (int64_t g = 0; g < K / GROUP; g++)
+        for (int64_t g = 0; g < K / group; g++)
             if (bits == 4)
-                rebuild_group(4, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
+                rebuild_group(4, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
+            else if (bits == 8)
+                rebuild_group(8, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
             else
-                rebuild_group(8, codes + p * code_bytes, scales + p * scale_count, g, w + g * GROUP * PANEL);
+                rebuild_group(6, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
         all_rows_times_panel(M, 0, K, x, ldx, w, bias ? bias + first : 0, y + first, ldy, cols);
     }
     free(w);
 }
 
-/* panel_linear's product from coded panels of `bits`-bit codes (as packed by kernels/native_linear.py; K a multiple of
-   GROUP) */
+/* panel_linear's product from coded panels of `bits`-bit codes (4, 8, or 6: 8-bit codes with fp32 scales per 16
+   inputs; as packed by kernels/native_linear.py; K a multiple of the group) */
 void coded_panel_linear(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
                         const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy,
                         int64_t threads) {
