@@ -185,3 +185,26 @@ def test_a_model_with_exact_codes_decodes_the_same_bits_from_them(native_linear_
         assert torch.equal(a, b)
     for a, b in zip(got["fp32"][1], got["codes"][1]):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+@pytest.mark.slow
+def test_the_packaged_qwen_runs_from_its_codes_and_decodes_hf_greedy(native_linear_lib):
+    """Qwen2.5-Coder-0.5B (pulled from PyPI on first use) is a GGUF of Q5_0 layers with Q6_K down projections and a
+    Q8_0 embedding: every layer has codes, and greedy decoding from them (alone and verifying prompt-lookup drafts)
+    gives HF greedy's tokens."""
+    from hf_reference import hf_greedy_with
+
+    from leapdecode import generate
+    from leapdecode.models.resolve import resolve_model
+    from leapdecode.prompt import encode_prompt
+
+    target = resolve_model("qwen2.5-coder-0.5b")
+    layer = target.model.model.layers[0]
+    parts = {**dict(layer.self_attn.named_children()), **dict(layer.mlp.named_children())}
+    bits = {name: getattr(coded_form(m.weight), "bits", None) for name, m in parts.items() if hasattr(m, "weight")}
+    assert bits == {"q_proj": 8, "k_proj": 8, "v_proj": 8, "o_proj": 8, "gate_proj": 8, "up_proj": 8, "down_proj": 6}
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string, then explain it."}]
+    want = hf_greedy_with(target, encode_prompt(target.tokenizer, messages), 24)
+    for drafter in ("none", "prompt-lookup"):
+        got = generate(target, messages, drafter=drafter, max_new_tokens=24, prefix_cache=False).token_ids
+        assert got == want, drafter
