@@ -69,9 +69,10 @@ static inline vf loadv(const float *p) {
 
 /* one k of a coded panel as the codes of its two vectors of columns, as floats: 4-bit codes are VL bytes (byte j:
    column j in its low nibble, column VL + j in its high one), 8-bit codes PANEL signed bytes (GCC lowers a generic
-   byte-to-float vector conversion one lane at a time, hence the intrinsics; 6-bit codes are stored as 8-bit ones). With AVX-512 a 4-bit code becomes its
-   float by a lookup in a register of the 16 values (a permute reads only an index's low 4 bits, so the low nibble
-   needs no mask): on few rows the kernel is bound by these instructions, not by memory, and this takes one fewer. */
+   byte-to-float vector conversion one lane at a time, hence the intrinsics; 6-bit codes are stored as 8-bit ones).
+   With AVX-512 a 4-bit code becomes its float by a lookup in a register of the 16 values (a permute reads only an
+   index's low 4 bits, so the low nibble needs no mask): on few rows the kernel is bound by these instructions, not by
+   memory, and this takes one fewer. */
 static inline __attribute__((always_inline)) void codes_of(const int bits, const uint8_t *p, vf *low, vf *high) {
 #if defined(__AVX512F__)
     if (bits == 4) {
