@@ -4,8 +4,6 @@ model and settings; and the model's tokens unchanged by whichever way runs."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from conftest import tiny_model
@@ -37,28 +35,46 @@ def prepared(seed: int, vocab: int = 97):
     return model, layers
 
 
-def sleeping(native_s, plan_s, calls=None):
-    """A stand-in forward that takes `native_s(rows)` seconds with every layer forced onto the panel kernel and
-    `plan_s(rows)` otherwise."""
+class Clock:
+    """whole_step's clock in these tests: it moves only by what a stand-in forward says it took, so a tie is a tie
+    however busy the machine (real sleeps overshoot by more than calibration's margin under load)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = Clock()
+    monkeypatch.setattr(whole_step, "time", fake)
+    return fake
+
+
+def sleeping(clock, native_s, plan_s, calls=None):
+    """A stand-in forward that takes `native_s(rows)` seconds on `clock` with every layer forced onto the panel
+    kernel and `plan_s(rows)` otherwise."""
 
     def forward(rows: int) -> None:
         if calls is not None:
             calls.append(rows)
-        time.sleep(native_s(rows) if kernels.settings()["linear"] == "native-q" else plan_s(rows))
+        clock.now += native_s(rows) if kernels.settings()["linear"] == "native-q" else plan_s(rows)
 
     return forward
 
 
-def test_each_row_count_takes_the_way_its_whole_forward_ran_faster():
+def test_each_row_count_takes_the_way_its_whole_forward_ran_faster(clock):
     model, layers = prepared(seed=1)
-    forward = sleeping(lambda rows: 0.003 if rows <= 8 else 0.001, lambda rows: 0.002)
+    forward = sleeping(clock, lambda rows: 0.003 if rows <= 8 else 0.001, lambda rows: 0.002)
     entry = whole_step.measure(layers, forward)
     assert entry["buckets"] == list(BUCKETS)
     assert entry["native"] == [rows > 8 for rows in BUCKETS]
     assert all(p is not None and n is not None for p, n in zip(entry["ms"]["plan"], entry["ms"]["native"]))
 
 
-def test_a_tie_goes_to_the_panel_kernel_and_rows_it_already_runs_are_not_timed():
+def test_a_tie_goes_to_the_panel_kernel_and_rows_it_already_runs_are_not_timed(clock):
     model, layers = prepared(seed=2)
     on_panels = {b for b in BUCKETS if b >= 32}
     for layer in layers:  # the plan itself takes the panel kernel from 32 rows on
@@ -67,17 +83,17 @@ def test_a_tie_goes_to_the_panel_kernel_and_rows_it_already_runs_are_not_timed()
         plan._linear = plan._argmax = [want if b in on_panels else "hf" for b in plan.buckets]
     packed.forget_routes()
     calls = []
-    entry = whole_step.measure(layers, sleeping(lambda rows: 0.002, lambda rows: 0.002, calls))
+    entry = whole_step.measure(layers, sleeping(clock, lambda rows: 0.002, lambda rows: 0.002, calls))
     assert all(entry["native"])  # within the margin: the panel kernel (one native call, the same bits per row)
     assert set(calls) == set(BUCKETS) - on_panels
     table = whole_step.NativeRows(entry["native"])
     assert table(1) and table(BUCKETS[-1]) and not table(BUCKETS[-1] + 1)  # past the timed rows: the plans
 
 
-def test_the_outcome_routes_every_layer_and_is_read_from_the_cache_afterwards():
+def test_the_outcome_routes_every_layer_and_is_read_from_the_cache_afterwards(clock):
     model, layers = prepared(seed=3)
     calls = []
-    forward = sleeping(lambda rows: 0.0005 if rows < 16 else 0.003, lambda rows: 0.0015, calls)
+    forward = sleeping(clock, lambda rows: 0.0005 if rows < 16 else 0.003, lambda rows: 0.0015, calls)
     table = whole_step.check(model, layers, lambda: forward)
     assert calls and table.native == tuple(rows < 16 for rows in BUCKETS)
     head = model.lm_head
