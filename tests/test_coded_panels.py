@@ -1,9 +1,9 @@
 """Coded panels (kernels.native_linear.CodedPanels, csrc/panel_linear.c's coded_panel_linear): a weight that is exactly
 a quantized weight widened to fp32 (per group of 32 inputs d q + m with 4-bit codes, a GGUF Q4_1 weight as the packaged
-models load, or d q with 8-bit codes, Q8_0's and Q5_0's; per 16 inputs d q with fp32 d, Q6_K's) is multiplied from its codes with the very bits of the fp32 panel
-kernel, at every row count, with and without bias; a weight that does not come back bit for bit keeps fp32 panels;
-and a model whose weights have those forms decodes the same logits and keys/values from them, layer by layer and
-through the native step, prompt rows and verified rows alike. So "native-q" changes speed, never a bit of the
+models load, or d q with 8-bit codes, Q8_0's and Q5_0's; per 16 inputs d q with fp32 d, Q6_K's) is multiplied from
+its codes with the very bits of the fp32 panel kernel, at every row count, with and without bias; a weight that
+does not come back bit for bit keeps fp32 panels; and a model whose weights have those forms decodes the same logits
+and keys/values from them, layer by layer and through the native step, prompt rows and verified rows alike. So "native-q" changes speed, never a bit of the
 output."""
 
 from __future__ import annotations

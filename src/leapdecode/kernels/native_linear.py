@@ -112,37 +112,33 @@ def _grouped(weight: torch.Tensor, group: int = GROUP) -> torch.Tensor | None:
     return weight.detach().reshape(weight.shape[0], -1, group)
 
 
+def _scaled_form(weight: torch.Tensor, group: int, scales) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(codes [out, in] int8, d [out, in / group] fp32) with weight == d q bit for bit in every group of `group`
+    inputs, d tried at `scales(max |w| per group)` (candidates, in order), or None."""
+    if weight.shape[0] > 1 and _scaled_form(weight[:1], group, scales) is None:  # most weights fail on their first row
+        return None
+    groups = _grouped(weight, group)
+    if groups is None:
+        return None
+    with torch.no_grad():
+        found = _codes_for(groups, scales(groups.abs().amax(-1)), None, 127)
+    return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1])
+
+
 def q8_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(codes [out, in] int8, d [out, in / GROUP] fp32) with weight == d q bit for bit in every group of GROUP inputs,
     d an fp16 value, or None. That is the form of GGUF's Q8_0 (d = max |w| / 127), and of its Q5_0 and Q4_0 too (d q
     with q in -16..15 or -8..7, d = the group's extreme / -16 or / -8), read as 8-bit codes: d is tried at the fp16
     values nearest max |w| / 127, / 128, / 16 and / 8, per group."""
-    if weight.shape[0] > 1 and q8_form(weight[:1]) is None:  # most weights without such a form fail on their first row
-        return None
-    groups = _grouped(weight)
-    if groups is None:
-        return None
-    with torch.no_grad():
-        top = groups.abs().amax(-1)
-        scales = sum((_fp16_near(top / n) for n in (127, 128, 16, 8)), ())
-        found = _codes_for(groups, scales, None, 127)
-    return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1])
+    return _scaled_form(weight, GROUP, lambda top: sum((_fp16_near(top / n) for n in (127, 128, 16, 8)), ()))
 
 
 def q6_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(codes [out, in] int8, d [out, in / Q6_GROUP] fp32) with weight == d q bit for bit in every group of Q6_GROUP
-    inputs, q in -32..32, or None: the form of GGUF's Q6_K, whose d per 16 inputs is an fp16 value times an 8-bit
+    inputs, or None: the form of GGUF's Q6_K (q in -32..31), whose d per 16 inputs is an fp16 value times an 8-bit
     sub-scale (so d q is exact in fp32, but d is no fp16 value). d is tried at max |w| / n for n = 32 down to 1 (the
     largest code of a group is often under 32 in Q6_K, whose scale search trades it for a smaller error)."""
-    if weight.shape[0] > 1 and q6_form(weight[:1]) is None:
-        return None
-    groups = _grouped(weight, Q6_GROUP)
-    if groups is None:
-        return None
-    with torch.no_grad():
-        top = groups.abs().amax(-1)
-        found = _codes_for(groups, [top / n for n in range(32, 0, -1)], None, 32)
-    return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1])
+    return _scaled_form(weight, Q6_GROUP, lambda top: [top / n for n in range(32, 0, -1)])
 
 
 def q4_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

@@ -3,8 +3,8 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events, `data: [DONE]` last),
 POST /v1/responses with GET and DELETE /v1/responses/{id} (OpenAI's Responses API, responses_api.py), GET /v1/models and
 /v1/models/{id}, POST /tokenize, POST /detokenize, GET /version, GET /health (and vLLM's GET/POST /ping), GET
-/metrics (Prometheus). The handlers are plain functions of a `ServerState` and a request, so the same code serves from a Ray Serve replica
-(ray_app.py). Every answer carries the header `x-leapdecode-instance` (an opaque id of the process; the log maps it
+/metrics (Prometheus). The handlers are plain functions of a `ServerState` and a request, so the same code serves
+from a Ray Serve replica (ray_app.py). Every answer carries the header `x-leapdecode-instance` (an opaque id of the process; the log maps it
 to host and pid), and every completion a `leapdecode` object with the request's speculative decoding stats.
 
 A completion call is admitted first (admission.py: bounded, with timeouts and a draining state), then its body is

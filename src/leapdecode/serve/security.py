@@ -8,8 +8,8 @@
   request with an Origin not in `--allowed-origins` (`*` allows any) is refused with 403 `origin_not_allowed`; an
   allowed one gets CORS answers (preflight included), so a page the operator named can call the API.
 * Content type: a POST body must be `application/json`. A browser can send text/plain or form bodies cross-origin
-  without asking first; JSON needs a CORS preflight, which the Origin rule answers. Refused: 415. (An
-  empty POST, such as vLLM's `POST /ping`, has no body to check.)
+  without asking first; JSON needs a CORS preflight, which the Origin rule answers. Refused: 415. An empty POST
+  (vLLM's `POST /ping`) has no body to check.
 * Error ids: an unexpected exception is logged with its traceback under an id; the client gets the id only
   ("internal error, id err-..."), never exception text, paths or host names.
 
