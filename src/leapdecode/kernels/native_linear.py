@@ -12,7 +12,7 @@ get alone. The library is built once per host (kernels.native); where it cannot 
 
 A weight that is exactly a quantized weight widened to fp32 is kept as its codes instead (CodedPanels): every group
 of 32 inputs of an output row is d q + m with q in 0..15 (a GGUF Q4_1 weight as the packaged models' loader
-dequantizes it) or d q with q in -128..127 (Q8_0's). The kernel rebuilds each fp32 value in registers and gives the
+dequantizes it, or Q4_K's with fp32 d and m) or d q with q in -128..127 (Q8_0's; per 16 inputs with fp32 d, Q6_K's). The kernel rebuilds each fp32 value in registers and gives the
 very bits of the fp32 product, reading about a sixth (4-bit) or a third (8-bit) of the bytes. Only an encoding that
 gives every value back bit for bit is used; any other weight stays fp32.
 """
@@ -61,12 +61,14 @@ def describe() -> str:
 
 GROUP = 32  # inputs per group of 4- and 8-bit codes (csrc/panel_linear.c)
 Q6_GROUP = 16  # inputs per group of the 6-bit form's codes
+Q4K = 44  # the form of 4-bit codes with fp32 d and m (q4k_form; `bits` 44 in csrc/panel_linear.c)
+Q4K_BITS = 17  # significant bits of a Q4_K group's d and m: an fp16 value (11) times a 6-bit sub-scale
 
 
 def coded_form(weight: torch.Tensor) -> CodedPanels | None:
-    """The weight's exact codes packed for the kernel (4-bit where it has that form, else 8-bit, else 8-bit codes with
-    fp32 scales per 16 inputs), or None."""
-    for bits, form_of in ((4, q4_form), (8, q8_form), (6, q6_form)):
+    """The weight's exact codes packed for the kernel (4-bit with fp16 or else fp32 scales where it has that form,
+    else 8-bit, else 8-bit codes with fp32 scales per 16 inputs), or None."""
+    for bits, form_of in ((4, q4_form), (Q4K, q4k_form), (8, q8_form), (6, q6_form)):
         form = form_of(weight)
         if form is not None:
             return CodedPanels(bits, *form)
@@ -81,28 +83,32 @@ def _fp16_near(value: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _codes_for(groups: torch.Tensor, candidates, low: torch.Tensor | None, top: int):
-    """Per group the first candidate scale d whose codes q = round((w - low) / d), clamped to [-top - 1 or 0, top],
-    give every w back bit for bit as d q (+ low); (codes, d) or None where some group has none. Each candidate after
-    the first is tried only on the groups still without codes. A -0 weight counts as given back by +0 (GGUF's Q4_0
-    and Q5_0 store d with the sign of the group's extreme, so a zero code times a negative d is -0): every sum of the
-    kernels starts from +0, and adding a product with a zero weight, of either sign, to it leaves the same bits."""
+    """Per group the first candidate scale d whose codes q = round((w - m) / d), clamped to [-top - 1 or 0, top],
+    give every w back bit for bit as d q + m, m = low (or 0 where low is None; a candidate may also be a pair (d, m)
+    of its own, codes then unsigned); (codes, d, m) or None where some group has none. Each candidate after the first
+    is tried only on the groups still without codes. A -0 weight counts as given back by +0 (GGUF's Q4_0 and Q5_0
+    store d with the sign of the group's extreme, so a zero code times a negative d is -0): every sum of the kernels
+    starts from +0, and adding a product with a zero weight, of either sign, to it leaves the same bits."""
     flat = groups.reshape(-1, groups.shape[-1])
     offset = torch.zeros(flat.shape[0]) if low is None else low.reshape(-1)
     codes, scale = torch.empty(flat.shape, dtype=torch.int16), torch.empty(flat.shape[0])
+    shift = offset.clone()
     todo = None  # every group
     for candidate in candidates:
-        d = candidate.reshape(-1) if todo is None else candidate.reshape(-1)[todo]
-        w, o = (flat, offset) if todo is None else (flat[todo], offset[todo])
+        d, o = candidate if isinstance(candidate, tuple) else (candidate, offset)
+        unsigned = low is not None or isinstance(candidate, tuple)
+        d, o = (d.reshape(-1), o.reshape(-1)) if todo is None else (d.reshape(-1)[todo], o.reshape(-1)[todo])
+        w = flat if todo is None else flat[todo]
         q = torch.round((w - o[:, None]) / torch.where(d > 0, d, 1.0)[:, None])
-        q = q.clamp_(0 if low is not None else -top - 1, top).add_(0.0)  # no -0: the kernel's codes are integers
+        q = q.clamp_(0 if unsigned else -top - 1, top).add_(0.0)  # no -0: the kernel's codes are integers
         back = d[:, None] * q + o[:, None]
         same = (back.view(torch.int32) == w.view(torch.int32)) | ((back == 0) & (w == 0))
-        same = same.all(-1) & torch.isfinite(d)
+        same = same.all(-1) & torch.isfinite(d) & torch.isfinite(o)
         hit = same.nonzero().squeeze(1) if todo is None else todo[same]
-        codes[hit], scale[hit] = q[same].to(torch.int16), d[same]
+        codes[hit], scale[hit], shift[hit] = q[same].to(torch.int16), d[same], o[same]
         todo = (~same).nonzero().squeeze(1) if todo is None else todo[~same]
         if todo.numel() == 0:
-            return codes.reshape(groups.shape), scale.reshape(groups.shape[:-1])
+            return codes.reshape(groups.shape), scale.reshape(groups.shape[:-1]), shift.reshape(groups.shape[:-1])
     return None
 
 
@@ -159,6 +165,38 @@ def q4_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return None if found is None else (found[0].to(torch.uint8).reshape(weight.shape), found[1], low)
 
 
+def _round_to_bits(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x rounded to `bits` significant bits (to nearest, ties away from zero), on its fp32 bits."""
+    drop = 24 - bits
+    return ((x.view(torch.int32) + (1 << (drop - 1))) & -(1 << drop)).view(torch.float32)
+
+
+def q4k_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(codes [out, in] uint8, d and m [out, in / GROUP] fp32) with weight == d q + m bit for bit in every group of
+    GROUP inputs, q in 0..15, d and m of at most Q4K_BITS significant bits (so d q is exact in fp32, and a fused
+    multiply-add rounds as a product and a sum do), or None. That is the form of GGUF's Q4_K: d is an fp16 super-scale
+    times a 6-bit sub-scale and m minus an fp16 super-minimum times a 6-bit sub-minimum, so neither is an fp16 value
+    (q4_form's), and a group's codes need not span 0..15 nor start at 0 (its minimum need not be m). Tried per group:
+    d = (max - min) / s rounded to Q4K_BITS bits for spans s = 15 down to 1, each with m = min - d q0 rounded alike
+    for a smallest code q0 = 0 up to 15 - s."""
+    if weight.shape[0] > 1 and q4k_form(weight[:1]) is None:  # most weights without such a form fail on their first row
+        return None
+    groups = _grouped(weight)
+    if groups is None:
+        return None
+
+    def candidates(low: torch.Tensor, span: torch.Tensor):
+        for s in range(15, 0, -1):
+            d = _round_to_bits(span / s, Q4K_BITS)
+            for q0 in range(16 - s):
+                yield d, _round_to_bits(low - d * q0, Q4K_BITS)
+
+    with torch.no_grad():
+        low = groups.amin(-1)
+        found = _codes_for(groups, candidates(low, groups.amax(-1) - low), None, 15)
+    return None if found is None else (found[0].to(torch.uint8).reshape(weight.shape), found[1], found[2])
+
+
 class Panels:
     """An fp32 weight [out, in] packed as [ceil(out / width), in, width] (zero-padded), for panel_linear."""
 
@@ -179,11 +217,12 @@ class Panels:
 
 
 class CodedPanels:
-    """A weight as its exact codes (q4_form: bits 4; q8_form: bits 8, m None; q6_form: bits 6, m None), packed for
-    coded_panel_linear: per panel of `width` output columns, the codes of each input (4-bit: width / 2 bytes, byte j
-    holding column j in the low nibble and column width / 2 + j in the high one; 8- and 6-bit: width signed bytes) and
-    per group of GROUP inputs the columns' d (then, 4-bit, their m) in fp16, which holds them exactly (q4_form,
-    q8_form), or per group of Q6_GROUP inputs their d in fp32 (q6_form). Zero-padded columns are 0 q + 0."""
+    """A weight as its exact codes (q4_form: bits 4; q4k_form: bits Q4K; q8_form: bits 8, m None; q6_form: bits 6,
+    m None), packed for coded_panel_linear: per panel of `width` output columns, the codes of each input (4-bit: width
+    / 2 bytes, byte j holding column j in the low nibble and column width / 2 + j in the high one; 8- and 6-bit: width
+    signed bytes) and per group of GROUP inputs the columns' d (then, 4-bit, their m) in fp16, which holds them exactly
+    (q4_form, q8_form), or in fp32 (q4k_form), or per group of Q6_GROUP inputs their d in fp32 (q6_form). Zero-padded
+    columns are 0 q + 0."""
 
     scales: torch.Tensor
 
@@ -202,10 +241,11 @@ class CodedPanels:
             return padded.view(count, width, t.shape[1]).transpose(1, 2)
 
         columns = by_panel(codes)
-        if bits == 4:
+        if bits in (4, Q4K):
             self.data = (columns[..., :half] | (columns[..., half:] << 4)).contiguous()
-            # [count, in / GROUP, 2, width]
-            self.scales = torch.stack([by_panel(d), by_panel(m)], dim=2).half().contiguous()
+            # [count, in / GROUP, 2, width]: fp16, or fp32 for Q4K (the kernel reads them as 16-bit words)
+            scales = torch.stack([by_panel(d), by_panel(m)], dim=2)
+            self.scales = scales.to(torch.float16 if bits == 4 else torch.float32).contiguous()
         else:
             self.data = columns.contiguous()
             # [count, in / group, width]: fp16, or fp32 for 6-bit codes (the kernel reads them as 16-bit words)

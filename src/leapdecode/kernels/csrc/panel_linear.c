@@ -11,7 +11,8 @@
    coded_panel_linear computes the same products from a weight stored as codes: each group of 32 inputs of an output
    column holds w = d q + m with 4-bit codes q in 0..15 (the form of a GGUF Q4_1 weight dequantized to fp32) or
    w = d q with 8-bit codes q in -128..127 (Q8_0's, and Q5_0's and Q4_0's, whose codes fit), d and m fp16 values
-   (stored as such: fp32 scales would be a third of a 4-bit weight's bytes), so that d q is exact in fp32; or ("6-bit",
+   (stored as such: fp32 scales would be a third of a 4-bit weight's bytes), so that d q is exact in fp32; or (Q4K,
+   GGUF Q4_K's form) 4-bit codes with fp32 d and m of at most 17 significant bits, d q exact in fp32; or ("6-bit",
    GGUF Q6_K's form) w = d q with 8-bit codes per group of 16 inputs and d an fp32 value (Q6_K's d is an fp16 value
    times an 8-bit sub-scale: no fp16 value), d q exact in fp32. It rebuilds every w in registers, bit for bit (d q + m
    rounds once, fused or not), and sums in the same order: its outputs are panel_linear's on the fp32 weight, from
@@ -52,6 +53,8 @@ typedef int8_t vs __attribute__((vector_size(VL)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
 #define GROUP 32 /* inputs per group of codes (4- and 8-bit) */
 #define GROUP_OF(bits) ((bits) == 6 ? 16 : GROUP)
+#define Q4K 44 /* `bits` of 4-bit codes with fp32 d and m per group (GGUF Q4_K's form) */
+#define FOUR_BIT(bits) ((bits) == 4 || (bits) == Q4K)
 
 /* A thread streams each panel from memory once, in order, but a tile of few rows does so little arithmetic per byte
    that the CPU's own prefetcher falls behind on some hosts (a one-row step then ran at a fraction of the memory's
@@ -75,7 +78,7 @@ static inline vf loadv(const float *p) {
    memory, and this takes one fewer. */
 static inline __attribute__((always_inline)) void codes_of(const int bits, const uint8_t *p, vf *low, vf *high) {
 #if defined(__AVX512F__)
-    if (bits == 4) {
+    if (FOUR_BIT(bits)) {
         const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
         *low = (vf)_mm512_permutexvar_ps(c, values);
@@ -85,7 +88,7 @@ static inline __attribute__((always_inline)) void codes_of(const int bits, const
         *high = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + VL))));
     }
 #elif defined(__AVX2__)
-    if (bits == 4) {
+    if (FOUR_BIT(bits)) {
         __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
         *low = (vf)_mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15)));
         *high = (vf)_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
@@ -94,7 +97,7 @@ static inline __attribute__((always_inline)) void codes_of(const int bits, const
         *high = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + VL))));
     }
 #else
-    if (bits == 4) {
+    if (FOUR_BIT(bits)) {
         vb b;
         memcpy(&b, p, sizeof b);
         vi c = __builtin_convertvector(b, vi);
@@ -111,9 +114,9 @@ static inline __attribute__((always_inline)) void codes_of(const int bits, const
 }
 
 /* bytes of codes per k of a panel, and 16-bit words of scales per group: fp16 d of the PANEL columns (then their m
-   for 4-bit codes), or their fp32 d for 6-bit codes */
-#define CODE_BYTES(bits) ((bits) == 4 ? VL : PANEL)
-#define SCALE_COUNT(bits) ((bits) == 8 ? PANEL : 2 * PANEL)
+   for 4-bit codes), or their fp32 d for 6-bit codes (then their fp32 m for Q4K) */
+#define CODE_BYTES(bits) (FOUR_BIT(bits) ? VL : PANEL)
+#define SCALE_COUNT(bits) ((bits) == 8 ? PANEL : (bits) == Q4K ? 4 * PANEL : 2 * PANEL)
 
 /* an fp16 value as fp32 (exact: every fp16 value is an fp32 value) */
 static inline float half_to_float(uint16_t h) {
@@ -153,8 +156,10 @@ typedef struct {
 
 static inline __attribute__((always_inline)) group_scales scales_of(const int bits, const uint16_t *scales, int64_t g) {
     const uint16_t *s = scales + g * SCALE_COUNT(bits);
-    if (bits == 6) {
-        group_scales c = {loadv((const float *)s), loadv((const float *)s + VL), (vf){0}, (vf){0}};
+    if (bits == 6 || bits == Q4K) {
+        const float *f = (const float *)s;
+        group_scales c = {loadv(f), loadv(f + VL), (vf){0}, (vf){0}};
+        if (bits == Q4K) c.m0 = loadv(f + PANEL), c.m1 = loadv(f + PANEL + VL);
         return c;
     }
     group_scales c = {load_halves(s), load_halves(s + VL), (vf){0}, (vf){0}};
@@ -167,8 +172,8 @@ static inline __attribute__((always_inline)) void weights_of(const int bits, con
                                                              const group_scales *c, vf *w0, vf *w1) {
     vf q0, q1;
     codes_of(bits, codes + k * CODE_BYTES(bits), &q0, &q1);
-    *w0 = bits == 4 ? q0 * c->d0 + c->m0 : q0 * c->d0;
-    *w1 = bits == 4 ? q1 * c->d1 + c->m1 : q1 * c->d1;
+    *w0 = FOUR_BIT(bits) ? q0 * c->d0 + c->m0 : q0 * c->d0;
+    *w1 = FOUR_BIT(bits) ? q1 * c->d1 + c->m1 : q1 * c->d1;
 }
 
 /* the fp32 weights of group g's inputs of a coded panel into w (the fp32 panel layout), the panel's bytes ahead asked
@@ -261,14 +266,16 @@ static inline __attribute__((always_inline)) void coded_tile(const int bits, con
 static void rows_times_coded_panel(int bits, int R, int streamed, int64_t K, const float *x, int64_t ldx,
                                    const uint8_t *codes, const uint16_t *scales, const float *bias, float *y,
                                    int64_t ldy, int64_t cols) {
-    switch (R + 100 * (bits == 8) + 200 * (bits == 6) + 1000 * (streamed != 0)) {
+    switch (R + 100 * (bits == 8) + 200 * (bits == 6) + 300 * (bits == Q4K) + 1000 * (streamed != 0)) {
 #define CASE(n) \
     case n: coded_tile(4, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 100: coded_tile(8, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 200: coded_tile(6, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 300: coded_tile(Q4K, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 1000: coded_tile(4, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 1100: coded_tile(8, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
-    case n + 1200: coded_tile(6, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
+    case n + 1200: coded_tile(6, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 1300: coded_tile(Q4K, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
         EACH_ROW_COUNT(CASE)
 #undef CASE
     }
@@ -346,6 +353,8 @@ static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, cons
                 rebuild_group(4, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
             else if (bits == 8)
                 rebuild_group(8, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
+            else if (bits == Q4K)
+                rebuild_group(Q4K, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
             else
                 rebuild_group(6, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
         all_rows_times_panel(M, 0, K, x, ldx, w, bias ? bias + first : 0, y + first, ldy, cols);
@@ -353,8 +362,8 @@ static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, cons
     free(w);
 }
 
-/* panel_linear's product from coded panels of `bits`-bit codes (4, 8, or 6: 8-bit codes with fp32 scales per 16
-   inputs; as packed by kernels/native_linear.py; K a multiple of the group) */
+/* panel_linear's product from coded panels of `bits`-bit codes (4, 8, 6: 8-bit codes with fp32 scales per 16
+   inputs, or Q4K: 4-bit codes with fp32 scales; as packed by kernels/native_linear.py; K a multiple of the group) */
 void coded_panel_linear(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
                         const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy,
                         int64_t threads) {
