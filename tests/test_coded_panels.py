@@ -18,12 +18,14 @@ from leapdecode.kernels.native_linear import (
     GROUP,
     Q4K,
     Q6_GROUP,
+    Q6M,
     CodedPanels,
     Panels,
     coded_form,
     q4_form,
     q4k_form,
     q6_form,
+    q6m_form,
     q8_form,
 )
 from leapdecode.runner import Runner
@@ -91,11 +93,18 @@ def widened_4bit_k(weight: torch.Tensor, low_shift: int = 0) -> torch.Tensor:
     return (d * torch.round((groups - m) / d).clamp(0, 15) + m).reshape(out, inp)
 
 
+def widened_4bit_k_over_6bit(weight: torch.Tensor) -> torch.Tensor:
+    """The first half of the rows in Q4_K's form, the rest in Q6_K's (a fused q/k/v of Qwen2.5-Coder-1.5B's kind)."""
+    half = (weight.shape[0] + 1) // 2
+    return torch.cat([widened_4bit_k(weight[:half]), widened_6bit(weight[half:])])
+
+
 WIDEN = {4: widened_4bit, 8: widened_8bit, 5: widened_5bit, 6: widened_6bit, Q4K: widened_4bit_k}
-STORED = {4: 4, 8: 8, 5: 8, 6: 6, Q4K: Q4K}  # Q5_0's codes fit 8-bit ones
+WIDEN[Q6M] = widened_4bit_k_over_6bit
+STORED = {4: 4, 8: 8, 5: 8, 6: 6, Q4K: Q4K, Q6M: Q6M}  # Q5_0's codes fit 8-bit ones
 
 
-@pytest.mark.parametrize("bits", [4, 8, 5, 6, Q4K])
+@pytest.mark.parametrize("bits", [4, 8, 5, 6, Q4K, Q6M])
 @pytest.mark.parametrize("out_features,in_features", [(5, 32), (33, 64), (250, 128), (512, 576)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_exact_codes_give_the_fp32_panels_bits_at_every_row_count(
@@ -157,14 +166,20 @@ def test_only_weights_that_come_back_bit_for_bit_have_codes(native_linear_lib):
     assert coded_form(exact).bits == 4  # a Q4_1 weight has that form too: the fp16 form, the smaller, is chosen
     k_form[60, 95] = torch.nextafter(k_form[60, 95], torch.tensor(-1.0))
     assert q4k_form(k_form) is None and q4k_form(eight) is None and q4k_form(six) is None
+    mixed = widened_4bit_k_over_6bit(torch.randn(64, 96, generator=gen))
+    codes, d, m = q6m_form(mixed)
+    assert torch.equal(d.repeat_interleave(Q6_GROUP, 1) * codes.float() + m.repeat_interleave(Q6_GROUP, 1), mixed)
+    assert q4k_form(mixed) is None and q6_form(mixed) is None
+    mixed[50, 3] = torch.nextafter(mixed[50, 3], torch.tensor(1.0))
+    assert q6m_form(mixed) is None
 
 
 def coded_model(arch: str, seed: int) -> torch.nn.Module:
-    """A tiny model whose q/k/v weights are Q8_0, output projections Q5_0, down projections Q6_K's form, up projections
-    Q4_K's (fused with the Q4_1 gates: the fused weight has Q4_K's form) and the output head Q4_1, widened to fp32 (a
-    GGUF file mixes such types)."""
+    """A tiny model whose q/k weights are Q4_K and v weights Q6_K's form (fused: Q6M), output projections Q5_0, down
+    projections Q6_K's form, up projections Q4_K's (fused with the Q4_1 gates: the fused weight has Q4_K's form) and
+    the output head Q4_1, widened to fp32 (a GGUF file mixes such types)."""
     model = tiny_model(arch, seed=seed, vocab=97)
-    kinds = {"o_proj": 5, "down_proj": 6, "q_proj": 8, "k_proj": 8, "v_proj": 8, "up_proj": Q4K}
+    kinds = {"o_proj": 5, "down_proj": 6, "q_proj": Q4K, "k_proj": Q4K, "v_proj": 6, "up_proj": Q4K}
     with torch.no_grad():
         for name, module in model.named_modules():
             if type(module) is torch.nn.Linear:
@@ -207,7 +222,7 @@ def test_a_model_with_exact_codes_decodes_the_same_bits_from_them(native_linear_
             got[weights] = decode(model, prompt, feeds)
             states = [packed._route(m, 1, True, False)[1] for m in packed.installed(model)]
             assert all(type(s) is (CodedPanels if weights == "codes" else Panels) for s in states)
-    assert {4, 6, 8, Q4K} <= set(used) if step == "layers" else set(used) == {4}  # the native step's run in C
+    assert {4, 6, 8, Q4K, Q6M} <= set(used) if step == "layers" else set(used) == {4}  # the native step's run in C
     for a, b in zip(got["fp32"][0], got["codes"][0]):
         assert torch.equal(a, b)
     for a, b in zip(got["fp32"][1], got["codes"][1]):
@@ -240,7 +255,8 @@ def test_the_packaged_qwen_runs_from_its_codes_and_decodes_hf_greedy(native_line
 @pytest.mark.slow
 def test_the_packaged_qwen_1_5b_layers_have_exact_codes(native_linear_lib):
     """Qwen2.5-Coder-1.5B (pulled from PyPI on first use; only its first layer is read) mixes Q4_K layers with Q6_K
-    value and down projections: each has codes, and the Q4_K layers' products from them keep the fp32 panels' bits."""
+    value and down projections: each has codes, so does their fused q/k/v (Q6M), and products from them keep the fp32
+    panels' bits."""
     from safetensors import safe_open
 
     from leapdecode.models.loader import pull_model
@@ -257,6 +273,9 @@ def test_the_packaged_qwen_1_5b_layers_have_exact_codes(native_linear_lib):
         **dict.fromkeys(("q_proj", "k_proj", "o_proj", "gate_proj", "up_proj"), Q4K),
         **dict.fromkeys(("v_proj", "down_proj"), 6),
     }
+    layer["qkv"] = torch.cat([layer["q_proj"], layer["k_proj"], layer["v_proj"]])  # as the fused decoder joins them
+    coded["qkv"] = coded_form(layer["qkv"])
+    assert coded["qkv"].bits == Q6M
     x = torch.randn(3, layer["o_proj"].shape[1], generator=torch.Generator().manual_seed(0))
-    for name in ("o_proj", "k_proj"):
+    for name in ("o_proj", "k_proj", "qkv"):
         assert torch.equal(coded[name](x, None).view(torch.int32), Panels(layer[name])(x, None).view(torch.int32))

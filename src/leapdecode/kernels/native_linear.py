@@ -20,6 +20,7 @@ gives every value back bit for bit is used; any other weight stays fp32.
 from __future__ import annotations
 
 import ctypes
+import itertools
 
 import torch
 
@@ -63,12 +64,13 @@ GROUP = 32  # inputs per group of 4- and 8-bit codes (csrc/panel_linear.c)
 Q6_GROUP = 16  # inputs per group of the 6-bit form's codes
 Q4K = 44  # the form of 4-bit codes with fp32 d and m (q4k_form; `bits` 44 in csrc/panel_linear.c)
 Q4K_BITS = 17  # significant bits of a Q4_K group's d and m: an fp16 value (11) times a 6-bit sub-scale
+Q6M = 66  # the form of 8-bit codes with fp32 d and m per Q6_GROUP inputs (q6m_form; `bits` 66 in the kernel)
 
 
 def coded_form(weight: torch.Tensor) -> CodedPanels | None:
     """The weight's exact codes packed for the kernel (4-bit with fp16 or else fp32 scales where it has that form,
-    else 8-bit, else 8-bit codes with fp32 scales per 16 inputs), or None."""
-    for bits, form_of in ((4, q4_form), (Q4K, q4k_form), (8, q8_form), (6, q6_form)):
+    else 8-bit, else 8-bit codes with fp32 scales per 16 inputs, without or else with an offset), or None."""
+    for bits, form_of in ((4, q4_form), (Q4K, q4k_form), (8, q8_form), (6, q6_form), (Q6M, q6m_form)):
         form = form_of(weight)
         if form is not None:
             return CodedPanels(bits, *form)
@@ -184,17 +186,40 @@ def q4k_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     groups = _grouped(weight)
     if groups is None:
         return None
-
-    def candidates(low: torch.Tensor, span: torch.Tensor):
-        for s in range(15, 0, -1):
-            d = _round_to_bits(span / s, Q4K_BITS)
-            for q0 in range(16 - s):
-                yield d, _round_to_bits(low - d * q0, Q4K_BITS)
-
     with torch.no_grad():
-        low = groups.amin(-1)
-        found = _codes_for(groups, candidates(low, groups.amax(-1) - low), None, 15)
+        found = _codes_for(groups, _q4k_candidates(groups), None, 15)
     return None if found is None else (found[0].to(torch.uint8).reshape(weight.shape), found[1], found[2])
+
+
+def _q4k_candidates(groups: torch.Tensor):
+    """q4k_form's candidate pairs (d, m) per group of `groups` [..., n]."""
+    low = groups.amin(-1)
+    span = groups.amax(-1) - low
+    for s in range(15, 0, -1):
+        d = _round_to_bits(span / s, Q4K_BITS)
+        for q0 in range(16 - s):
+            yield d, _round_to_bits(low - d * q0, Q4K_BITS)
+
+
+def q6m_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(codes [out, in] int8, d and m [out, in / Q6_GROUP] fp32) with weight == d q + m bit for bit in every group of
+    Q6_GROUP inputs, or None: a form that holds both Q4_K's groups (q4k_form's d and m, per 32 inputs) and Q6_K's
+    (q6_form's d, m = 0), at 1.5 bytes a weight, for a fused weight whose parts have those two forms (Qwen2.5-Coder-
+    1.5B's q/k/v projections). Tried: q4k_form's candidates per 32 inputs, then q6_form's per 16."""
+    if weight.shape[0] > 1 and q6m_form(weight[:1]) is None:  # most weights without such a form fail on their first row
+        return None
+    groups = _grouped(weight, Q6_GROUP)
+    if groups is None or weight.shape[1] % GROUP:
+        return None
+    with torch.no_grad():
+        wide = _q4k_candidates(groups.reshape(weight.shape[0], -1, GROUP))
+        top = groups.abs().amax(-1)
+        candidates = itertools.chain(
+            ((d.repeat_interleave(2, -1), m.repeat_interleave(2, -1)) for d, m in wide),  # each half of 32 inputs
+            (top / n for n in range(32, 0, -1)),
+        )
+        found = _codes_for(groups, candidates, None, 127)
+    return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1], found[2])
 
 
 class Panels:
@@ -218,11 +243,11 @@ class Panels:
 
 class CodedPanels:
     """A weight as its exact codes (q4_form: bits 4; q4k_form: bits Q4K; q8_form: bits 8, m None; q6_form: bits 6,
-    m None), packed for coded_panel_linear: per panel of `width` output columns, the codes of each input (4-bit: width
+    m None; q6m_form: bits Q6M), packed for coded_panel_linear: per panel of `width` output columns, the codes of each input (4-bit: width
     / 2 bytes, byte j holding column j in the low nibble and column width / 2 + j in the high one; 8- and 6-bit: width
     signed bytes) and per group of GROUP inputs the columns' d (then, 4-bit, their m) in fp16, which holds them exactly
-    (q4_form, q8_form), or in fp32 (q4k_form), or per group of Q6_GROUP inputs their d in fp32 (q6_form). Zero-padded
-    columns are 0 q + 0."""
+    (q4_form, q8_form), or in fp32 (q4k_form), or per group of Q6_GROUP inputs their d (then, Q6M, their m) in fp32
+    (q6_form, q6m_form). Zero-padded columns are 0 q + 0."""
 
     scales: torch.Tensor
 
@@ -246,6 +271,9 @@ class CodedPanels:
             # [count, in / GROUP, 2, width]: fp16, or fp32 for Q4K (the kernel reads them as 16-bit words)
             scales = torch.stack([by_panel(d), by_panel(m)], dim=2)
             self.scales = scales.to(torch.float16 if bits == 4 else torch.float32).contiguous()
+        elif bits == Q6M:
+            self.data = columns.contiguous()
+            self.scales = torch.stack([by_panel(d), by_panel(m)], dim=2).to(torch.float32).contiguous()
         else:
             self.data = columns.contiguous()
             # [count, in / group, width]: fp16, or fp32 for 6-bit codes (the kernel reads them as 16-bit words)

@@ -8,30 +8,33 @@ import torch
 
 from .calibrate import BUCKETS
 from .fused_decoder import existing_decoder  # its fused projections run in place of the model's own
-from .packed import _settings, installed
+from .native_linear import Q4K, Q6M
+from .packed import _settings, coded_bits, installed
+
+CODES = {4: "Q4_1 codes", Q4K: "Q4_K codes", 8: "8-bit codes", 6: "Q6_K codes", Q6M: "Q4_K and Q6_K codes"}
 
 
 def kernel_table(model: torch.nn.Module) -> list[dict]:
-    """What each of the model's linear layer shapes (its fused decoder's included) runs on: one dict per shape and
-    dtype, with the layer count, the chosen path per row range (`linear`; `argmax` for the output head in greedy decoding) and the measured ms."""
+    """What each of the model's linear layer shapes (its fused decoder's included, in place of the parts it fused) runs
+    on: one dict per shape, dtype and form of exact codes (`codes`, or None), with the layer count, the chosen path
+    per row range (`linear`; `argmax` for the output head in greedy decoding) and the measured ms."""
     decoder = existing_decoder(model)
     groups: dict[tuple, list] = defaultdict(list)
     for m in installed(model) + (installed(decoder) if decoder is not None else []):
+        if decoder is not None and getattr(m, "_leapdecode_fused_part", False):
+            continue
+        dtype = str(m.weight.dtype).removeprefix("torch.")
         groups[
-            (
-                m.out_features,
-                m.in_features,
-                str(m.weight.dtype).removeprefix("torch."),
-                bool(getattr(m, "_leapdecode_argmax", False)),
-            )
+            (m.out_features, m.in_features, dtype, coded_bits(m), bool(getattr(m, "_leapdecode_argmax", False)))
         ].append(m)
     mode, rows = _settings["linear"], []
-    for (out, inp, dtype, head), mods in groups.items():
+    for (out, inp, dtype, bits, head), mods in groups.items():
         plan = getattr(mods[0], "_leapdecode_plan", None)
         forced = [(1, BUCKETS[-1], "hf" if mode == "auto" else mode)]
         row = {
             "shape": f"{out}x{inp}",
             "dtype": dtype,
+            "codes": CODES.get(bits),
             "layers": len(mods),
             "output_head": head,
             "mode": mode,
@@ -61,7 +64,8 @@ def describe_kernels(model: torch.nn.Module) -> list[str]:
 
     lines = []
     for row in kernel_table(model):
-        line = f"{row['shape']} {row['dtype']} x{row['layers']}: {spans(row['linear'])}"
+        codes = f" ({row['codes']})" if row.get("codes") else ""
+        line = f"{row['shape']} {row['dtype']}{codes} x{row['layers']}: {spans(row['linear'])}"
         if "argmax" in row:
             line += f"; greedy head: {spans(row['argmax'])}"
         if not row.get("cached", True):

@@ -12,7 +12,8 @@
    column holds w = d q + m with 4-bit codes q in 0..15 (the form of a GGUF Q4_1 weight dequantized to fp32) or
    w = d q with 8-bit codes q in -128..127 (Q8_0's, and Q5_0's and Q4_0's, whose codes fit), d and m fp16 values
    (stored as such: fp32 scales would be a third of a 4-bit weight's bytes), so that d q is exact in fp32; or (Q4K,
-   GGUF Q4_K's form) 4-bit codes with fp32 d and m of at most 17 significant bits, d q exact in fp32; or ("6-bit",
+   GGUF Q4_K's form) 4-bit codes with fp32 d and m of at most 17 significant bits, d q exact in fp32; or (Q6M, for a
+   fused weight of Q4_K and Q6_K parts) 8-bit codes with fp32 d and m per 16 inputs; or ("6-bit",
    GGUF Q6_K's form) w = d q with 8-bit codes per group of 16 inputs and d an fp32 value (Q6_K's d is an fp16 value
    times an 8-bit sub-scale: no fp16 value), d q exact in fp32. It rebuilds every w in registers, bit for bit (d q + m
    rounds once, fused or not), and sums in the same order: its outputs are panel_linear's on the fp32 weight, from
@@ -52,9 +53,12 @@ typedef uint8_t vb __attribute__((vector_size(VL)));
 typedef int8_t vs __attribute__((vector_size(VL)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
 #define GROUP 32 /* inputs per group of codes (4- and 8-bit) */
-#define GROUP_OF(bits) ((bits) == 6 ? 16 : GROUP)
 #define Q4K 44 /* `bits` of 4-bit codes with fp32 d and m per group (GGUF Q4_K's form) */
+#define Q6M 66 /* `bits` of 8-bit codes with fp32 d and m per 16 inputs (Q4_K's and Q6_K's groups alike) */
+#define GROUP_OF(bits) ((bits) == 6 || (bits) == Q6M ? 16 : GROUP)
 #define FOUR_BIT(bits) ((bits) == 4 || (bits) == Q4K)
+#define HAS_M(bits) (FOUR_BIT(bits) || (bits) == Q6M)
+#define FP32_SCALES(bits) ((bits) == 6 || (bits) == Q4K || (bits) == Q6M)
 
 /* A thread streams each panel from memory once, in order, but a tile of few rows does so little arithmetic per byte
    that the CPU's own prefetcher falls behind on some hosts (a one-row step then ran at a fraction of the memory's
@@ -116,7 +120,7 @@ static inline __attribute__((always_inline)) void codes_of(const int bits, const
 /* bytes of codes per k of a panel, and 16-bit words of scales per group: fp16 d of the PANEL columns (then their m
    for 4-bit codes), or their fp32 d for 6-bit codes (then their fp32 m for Q4K) */
 #define CODE_BYTES(bits) (FOUR_BIT(bits) ? VL : PANEL)
-#define SCALE_COUNT(bits) ((bits) == 8 ? PANEL : (bits) == Q4K ? 4 * PANEL : 2 * PANEL)
+#define SCALE_COUNT(bits) ((bits) == 8 ? PANEL : (bits) == Q4K || (bits) == Q6M ? 4 * PANEL : 2 * PANEL)
 
 /* an fp16 value as fp32 (exact: every fp16 value is an fp32 value) */
 static inline float half_to_float(uint16_t h) {
@@ -156,10 +160,10 @@ typedef struct {
 
 static inline __attribute__((always_inline)) group_scales scales_of(const int bits, const uint16_t *scales, int64_t g) {
     const uint16_t *s = scales + g * SCALE_COUNT(bits);
-    if (bits == 6 || bits == Q4K) {
+    if (FP32_SCALES(bits)) {
         const float *f = (const float *)s;
         group_scales c = {loadv(f), loadv(f + VL), (vf){0}, (vf){0}};
-        if (bits == Q4K) c.m0 = loadv(f + PANEL), c.m1 = loadv(f + PANEL + VL);
+        if (HAS_M(bits)) c.m0 = loadv(f + PANEL), c.m1 = loadv(f + PANEL + VL);
         return c;
     }
     group_scales c = {load_halves(s), load_halves(s + VL), (vf){0}, (vf){0}};
@@ -172,8 +176,8 @@ static inline __attribute__((always_inline)) void weights_of(const int bits, con
                                                              const group_scales *c, vf *w0, vf *w1) {
     vf q0, q1;
     codes_of(bits, codes + k * CODE_BYTES(bits), &q0, &q1);
-    *w0 = FOUR_BIT(bits) ? q0 * c->d0 + c->m0 : q0 * c->d0;
-    *w1 = FOUR_BIT(bits) ? q1 * c->d1 + c->m1 : q1 * c->d1;
+    *w0 = HAS_M(bits) ? q0 * c->d0 + c->m0 : q0 * c->d0;
+    *w1 = HAS_M(bits) ? q1 * c->d1 + c->m1 : q1 * c->d1;
 }
 
 /* the fp32 weights of group g's inputs of a coded panel into w (the fp32 panel layout), the panel's bytes ahead asked
@@ -266,16 +270,18 @@ static inline __attribute__((always_inline)) void coded_tile(const int bits, con
 static void rows_times_coded_panel(int bits, int R, int streamed, int64_t K, const float *x, int64_t ldx,
                                    const uint8_t *codes, const uint16_t *scales, const float *bias, float *y,
                                    int64_t ldy, int64_t cols) {
-    switch (R + 100 * (bits == 8) + 200 * (bits == 6) + 300 * (bits == Q4K) + 1000 * (streamed != 0)) {
+    switch (R + 100 * (bits == 8) + 200 * (bits == 6) + 300 * (bits == Q4K) + 400 * (bits == Q6M) + 1000 * (streamed != 0)) {
 #define CASE(n) \
     case n: coded_tile(4, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 100: coded_tile(8, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 200: coded_tile(6, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 300: coded_tile(Q4K, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 400: coded_tile(Q6M, n, 0, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 1000: coded_tile(4, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 1100: coded_tile(8, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
     case n + 1200: coded_tile(6, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
-    case n + 1300: coded_tile(Q4K, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
+    case n + 1300: coded_tile(Q4K, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break; \
+    case n + 1400: coded_tile(Q6M, n, 1, K, x, ldx, codes, scales, bias, y, ldy, cols); break;
         EACH_ROW_COUNT(CASE)
 #undef CASE
     }
@@ -355,6 +361,8 @@ static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, cons
                 rebuild_group(8, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
             else if (bits == Q4K)
                 rebuild_group(Q4K, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
+            else if (bits == Q6M)
+                rebuild_group(Q6M, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
             else
                 rebuild_group(6, codes + p * code_bytes, scales + p * scale_count, g, w + g * group * PANEL);
         all_rows_times_panel(M, 0, K, x, ldx, w, bias ? bias + first : 0, y + first, ldy, cols);
@@ -363,7 +371,8 @@ static void coded_panel_rows(int64_t bits, int64_t M, int64_t N, int64_t K, cons
 }
 
 /* panel_linear's product from coded panels of `bits`-bit codes (4, 8, 6: 8-bit codes with fp32 scales per 16
-   inputs, or Q4K: 4-bit codes with fp32 scales; as packed by kernels/native_linear.py; K a multiple of the group) */
+   inputs, Q4K: 4-bit codes with fp32 scales, or Q6M: 8-bit codes with fp32 d and m per 16 inputs; as packed by
+   kernels/native_linear.py; K a multiple of the group) */
 void coded_panel_linear(int64_t bits, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx,
                         const uint8_t *codes, const uint16_t *scales, const float *bias, float *y, int64_t ldy,
                         int64_t threads) {
