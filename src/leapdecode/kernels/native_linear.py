@@ -20,7 +20,6 @@ gives every value back bit for bit is used; any other weight stays fp32.
 from __future__ import annotations
 
 import ctypes
-import itertools
 
 import torch
 
@@ -84,21 +83,20 @@ def _fp16_near(value: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(c.float() for c in (nearest, nearest.nextafter(up), nearest.nextafter(down)))
 
 
-def _codes_for(groups: torch.Tensor, candidates, low: torch.Tensor | None, top: int):
-    """Per group the first candidate scale d whose codes q = round((w - m) / d), clamped to [-top - 1 or 0, top],
-    give every w back bit for bit as d q + m, m = low (or 0 where low is None; a candidate may also be a pair (d, m)
-    of its own, codes then unsigned); (codes, d, m) or None where some group has none. Each candidate after the first
-    is tried only on the groups still without codes. A -0 weight counts as given back by +0 (GGUF's Q4_0 and Q5_0
-    store d with the sign of the group's extreme, so a zero code times a negative d is -0): every sum of the kernels
-    starts from +0, and adding a product with a zero weight, of either sign, to it leaves the same bits."""
+def _codes_for(groups: torch.Tensor, candidates, top: int):
+    """Per group the first candidate whose codes give every w back bit for bit as d q + m; (codes, d, m) or None where
+    some group has none. A candidate is a scale d (m = 0, codes q = round(w / d) in -top - 1..top) or a pair (d, m)
+    (codes round((w - m) / d) in 0..top), a value per group; each after the first is tried only on the groups still
+    without codes. A -0 weight counts as given back by +0 (GGUF's Q4_0 and Q5_0 store d with the sign of the group's
+    extreme, so a zero code times a negative d is -0): every sum of the kernels starts from +0, and adding a product
+    with a zero weight, of either sign, to it leaves the same bits."""
     flat = groups.reshape(-1, groups.shape[-1])
-    offset = torch.zeros(flat.shape[0]) if low is None else low.reshape(-1)
-    codes, scale = torch.empty(flat.shape, dtype=torch.int16), torch.empty(flat.shape[0])
-    shift = offset.clone()
+    codes = torch.empty(flat.shape, dtype=torch.int16)
+    scale, shift = torch.empty(flat.shape[0]), torch.zeros(flat.shape[0])
     todo = None  # every group
     for candidate in candidates:
-        d, o = candidate if isinstance(candidate, tuple) else (candidate, offset)
-        unsigned = low is not None or isinstance(candidate, tuple)
+        unsigned = isinstance(candidate, tuple)
+        d, o = candidate if unsigned else (candidate, torch.zeros_like(candidate))
         d, o = (d.reshape(-1), o.reshape(-1)) if todo is None else (d.reshape(-1)[todo], o.reshape(-1)[todo])
         w = flat if todo is None else flat[todo]
         q = torch.round((w - o[:, None]) / torch.where(d > 0, d, 1.0)[:, None])
@@ -114,23 +112,18 @@ def _codes_for(groups: torch.Tensor, candidates, low: torch.Tensor | None, top: 
     return None
 
 
-def _grouped(weight: torch.Tensor, group: int = GROUP) -> torch.Tensor | None:
+def _exact_form(weight: torch.Tensor, group: int, candidates, top: int, dtype: torch.dtype):
+    """(codes [out, in] of `dtype`, d and m [out, in / group] fp32) with weight == d q + m bit for bit in every group of
+    `group` inputs, the candidates (_codes_for's) made by `candidates(groups [out, in / group, group])`, or None. The
+    first row is tried alone first: most weights without the form fail there."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % group or weight.numel() == 0:
         return None
-    return weight.detach().reshape(weight.shape[0], -1, group)
-
-
-def _scaled_form(weight: torch.Tensor, group: int, scales) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(codes [out, in] int8, d [out, in / group] fp32) with weight == d q bit for bit in every group of `group`
-    inputs, d tried at `scales(max |w| per group)` (candidates, in order), or None."""
-    if weight.shape[0] > 1 and _scaled_form(weight[:1], group, scales) is None:  # most weights fail on their first row
+    if weight.shape[0] > 1 and _exact_form(weight[:1], group, candidates, top, dtype) is None:
         return None
-    groups = _grouped(weight, group)
-    if groups is None:
-        return None
+    groups = weight.detach().reshape(weight.shape[0], -1, group)
     with torch.no_grad():
-        found = _codes_for(groups, scales(groups.abs().amax(-1)), None, 127)
-    return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1])
+        found = _codes_for(groups, candidates(groups), top)
+    return None if found is None else (found[0].to(dtype).reshape(weight.shape), found[1], found[2])
 
 
 def q8_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -138,7 +131,8 @@ def q8_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     d an fp16 value, or None. That is the form of GGUF's Q8_0 (d = max |w| / 127), and of its Q5_0 and Q4_0 too (d q
     with q in -16..15 or -8..7, d = the group's extreme / -16 or / -8), read as 8-bit codes: d is tried at the fp16
     values nearest max |w| / 127, / 128, / 16 and / 8, per group."""
-    return _scaled_form(weight, GROUP, lambda top: sum((_fp16_near(top / n) for n in (127, 128, 16, 8)), ()))
+    form = _exact_form(weight, GROUP, _q8_candidates, 127, torch.int8)
+    return None if form is None else form[:2]
 
 
 def q6_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -146,7 +140,18 @@ def q6_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     inputs, or None: the form of GGUF's Q6_K (q in -32..31), whose d per 16 inputs is an fp16 value times an 8-bit
     sub-scale (so d q is exact in fp32, but d is no fp16 value). d is tried at max |w| / n for n = 32 down to 1 (the
     largest code of a group is often under 32 in Q6_K, whose scale search trades it for a smaller error)."""
-    return _scaled_form(weight, Q6_GROUP, lambda top: [top / n for n in range(32, 0, -1)])
+    form = _exact_form(weight, Q6_GROUP, _q6_candidates, 127, torch.int8)
+    return None if form is None else form[:2]
+
+
+def _q8_candidates(groups: torch.Tensor):
+    top = groups.abs().amax(-1)
+    return (d for n in (127, 128, 16, 8) for d in _fp16_near(top / n))
+
+
+def _q6_candidates(groups: torch.Tensor):
+    top = groups.abs().amax(-1)
+    return (top / n for n in range(32, 0, -1))
 
 
 def q4_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -154,17 +159,13 @@ def q4_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     GROUP inputs, d and m fp16 values (so d q is exact in fp32, a fused multiply-add rounds as a product and a sum do,
     and both are stored in fp16), or None where the weight has no such form. m is the group's minimum (an fp16 value in
     a GGUF Q4_1 weight); d is tried at the fp16 values nearest (max - min) / 15, per group (GGUF Q4_1)."""
-    if weight.shape[0] > 1 and q4_form(weight[:1]) is None:  # most weights without such a form fail on their first row
-        return None
-    groups = _grouped(weight)
-    if groups is None:
-        return None
-    with torch.no_grad():
+
+    def candidates(groups: torch.Tensor):
         low = groups.amin(-1)
-        if not torch.equal(low.half().float(), low):
-            return None
-        found = _codes_for(groups, _fp16_near((groups.amax(-1) - low) / 15), low, 15)
-    return None if found is None else (found[0].to(torch.uint8).reshape(weight.shape), found[1], low)
+        if torch.equal(low.half().float(), low):
+            yield from ((d, low) for d in _fp16_near((groups.amax(-1) - low) / 15))
+
+    return _exact_form(weight, GROUP, candidates, 15, torch.uint8)
 
 
 def _round_to_bits(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -181,14 +182,7 @@ def q4k_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     (q4_form's), and a group's codes need not span 0..15 nor start at 0 (its minimum need not be m). Tried per group:
     d = (max - min) / s rounded to Q4K_BITS bits for spans s = 15 down to 1, each with m = min - d q0 rounded alike
     for a smallest code q0 = 0 up to 15 - s."""
-    if weight.shape[0] > 1 and q4k_form(weight[:1]) is None:  # most weights without such a form fail on their first row
-        return None
-    groups = _grouped(weight)
-    if groups is None:
-        return None
-    with torch.no_grad():
-        found = _codes_for(groups, _q4k_candidates(groups), None, 15)
-    return None if found is None else (found[0].to(torch.uint8).reshape(weight.shape), found[1], found[2])
+    return _exact_form(weight, GROUP, _q4k_candidates, 15, torch.uint8)
 
 
 def _q4k_candidates(groups: torch.Tensor):
@@ -206,20 +200,17 @@ def q6m_form(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     Q6_GROUP inputs, or None: a form that holds both Q4_K's groups (q4k_form's d and m, per 32 inputs) and Q6_K's
     (q6_form's d, m = 0), at 1.5 bytes a weight, for a fused weight whose parts have those two forms (Qwen2.5-Coder-
     1.5B's q/k/v projections). Tried: q4k_form's candidates per 32 inputs, then q6_form's per 16."""
-    if weight.shape[0] > 1 and q6m_form(weight[:1]) is None:  # most weights without such a form fail on their first row
-        return None
-    groups = _grouped(weight, Q6_GROUP)
-    if groups is None or weight.shape[1] % GROUP:
-        return None
-    with torch.no_grad():
-        wide = _q4k_candidates(groups.reshape(weight.shape[0], -1, GROUP))
-        top = groups.abs().amax(-1)
-        candidates = itertools.chain(
-            ((d.repeat_interleave(2, -1), m.repeat_interleave(2, -1)) for d, m in wide),  # each half of 32 inputs
-            (top / n for n in range(32, 0, -1)),
-        )
-        found = _codes_for(groups, candidates, None, 127)
-    return None if found is None else (found[0].to(torch.int8).reshape(weight.shape), found[1], found[2])
+
+    def candidates(groups: torch.Tensor):
+        wide = _q4k_candidates(groups.reshape(groups.shape[0], -1, GROUP))
+        yield from ((d.repeat_interleave(2, -1), m.repeat_interleave(2, -1)) for d, m in wide)  # each half of 32
+        yield from _q6_candidates(groups)
+
+    return (
+        None
+        if weight.dim() != 2 or weight.shape[1] % GROUP
+        else _exact_form(weight, Q6_GROUP, candidates, 127, torch.int8)
+    )
 
 
 class Panels:
