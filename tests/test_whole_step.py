@@ -133,3 +133,45 @@ def test_greedy_tokens_are_the_same_whichever_way_runs():
     native = model.lm_head._leapdecode_native_rows
     if native(1) and native(len(ids) - 6):
         assert torch.equal(verified, alone)
+
+
+def test_every_weight_a_call_can_take_is_derived_when_the_model_is_prepared(monkeypatch):
+    """Codes, panels and packed or bf16 copies are built when a Runner is made (whole_step.check prepares every layer's
+    routes), never by the first call at a row count: mid-request, that call would wait for the build (seconds on a
+    0.5B model's output head; calibration read from the disk cache times nothing, so nothing was built before)."""
+    if not packed.available("packed", torch.float32):
+        pytest.skip("no packed fp32 kernels here")
+    prepares = []
+    real_prepare_routes = whole_step.prepare_routes
+    monkeypatch.setattr(
+        whole_step, "prepare_routes", lambda m, rows: prepares.append(m) or real_prepare_routes(m, rows)
+    )
+    model = tiny_model("llama", seed=31, vocab=97)
+    runner = Runner(model)
+    layers = whole_step.layers_of(model, runner.decoder)
+    assert set(map(id, prepares)) == set(map(id, layers))
+    runner.prefill(list(range(40)))
+    for layer in layers:  # a plan of two paths, as real models have, and nothing derived yet
+        layer._leapdecode_plan._linear = ["native" if b <= 8 else "packed" for b in layer._leapdecode_plan.buckets]
+        layer.__dict__.pop("_leapdecode_native_rows", None)
+        packed.drop_derived(layer, set())
+        packed._derived.get(layer, {}).pop("native-q", None)
+    packed.forget_routes()
+    built = []
+    real_prepare = packed.prepare
+    monkeypatch.setattr(packed, "prepare", lambda path, weight: built.append(path) or real_prepare(path, weight))
+
+    def calls():
+        for rows in (1, 2, 7, 13, 24, 48, 130, 300):  # every bucket's neighbourhood, and past the largest
+            runner.forward([i % 97 for i in range(rows)])
+            runner.rollback(rows)
+
+    calls()
+    assert {"native", "packed"} <= set(built)  # built by the calls themselves
+    for layer in layers:
+        packed.drop_derived(layer, set())
+        packed._derived.get(layer, {}).pop("native-q", None)
+        real_prepare_routes(layer, (*BUCKETS, BUCKETS[-1] + 1))
+    built.clear()
+    calls()
+    assert built == []

@@ -282,6 +282,16 @@ def _route(module: torch.nn.Linear, rows: int, mode, argmax_only: bool) -> tuple
     return route[0], route[1]
 
 
+def prepare_routes(module: torch.nn.Linear, rows: tuple[int, ...]) -> None:
+    """Derive now what calls of these row counts take (codes, panels, a packed or bf16 copy), so that no call pays for
+    it: a row count first met mid-request (a verification of 7 rows, a 13-token prompt) would stall that request for
+    as long as the derivation takes (a second or more for a 0.5B model's bf16 output head)."""
+    for r in rows:
+        _route(module, r, True, False)
+        if getattr(module, "_leapdecode_argmax", False):
+            _route(module, r, True, True)
+
+
 def forget_routes() -> None:
     """The settings or a plan changed: every module works its paths out again on its next call."""
     _epoch[0] += 1

@@ -21,7 +21,16 @@ import torch
 
 from . import calibrate
 from .calibrate import BUCKETS, MARGIN, _nearest, host_key
-from .packed import _settings, chosen_path, coded_bits, configured, drop_derived, forget_routes, installed
+from .packed import (
+    _settings,
+    chosen_path,
+    coded_bits,
+    configured,
+    drop_derived,
+    forget_routes,
+    installed,
+    prepare_routes,
+)
 
 ROUNDS = 2  # interleaved rounds of each way per row count, two timed forwards each (the best counts)
 BUDGET_S = 8.0  # a model's whole check; past it, larger row counts keep the per-layer plan unmeasured
@@ -76,6 +85,8 @@ def check(
             kept = {p for i in taken for p in (plan._linear[i], plan._argmax[i], *plan._variant[i : i + 1])}
             drop_derived(layer, kept | {"native"} if coded_bits(layer) is None else kept)
     forget_routes()
+    for layer in layers:  # built now, not by the first call at each row count
+        prepare_routes(layer, (*BUCKETS, BUCKETS[-1] + 1))
     model._leapdecode_whole_step = (key, table)
     return table
 
