@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void codes_of(const int bits, const
 }
 
 /* bytes of codes per k of a panel, and 16-bit words of scales per group: fp16 d of the PANEL columns (then their m
-   for 4-bit codes), or their fp32 d for 6-bit codes (then their fp32 m for Q4K) */
+   for 4-bit codes), or their fp32 d for 6-bit codes (then their fp32 m for Q4K and Q6M) */
 #define CODE_BYTES(bits) (FOUR_BIT(bits) ? VL : PANEL)
 #define SCALE_COUNT(bits) ((bits) == 8 ? PANEL : (bits) == Q4K || (bits) == Q6M ? 4 * PANEL : 2 * PANEL)
 
