@@ -171,8 +171,10 @@ def test_greedy_with_penalties_is_hf_greedy_for_every_drafter(target, case, argm
         with kernels.configured(argmax_head=argmax_head):
             got = generate(target, RAW, raw=True, drafter=drafter, max_new_tokens=40, **_options(case))
         assert got.token_ids == expected, (drafter, case)
-        if isinstance(drafter, OracleDrafter):  # long drafts verified with the penalties on, some accepted
-            assert got.stats.accepted_draft_tokens >= 10
+        if isinstance(drafter, OracleDrafter) and drafter.reference == expected:  # long drafts verified with the
+            assert got.stats.accepted_draft_tokens >= 10  # penalties on, accepted (draft lengths adapt to timing)
+        elif isinstance(drafter, OracleDrafter):  # right for 12 tokens: some accepted, the rest rejected
+            assert 0 < got.stats.accepted_draft_tokens < got.stats.drafted_tokens
 
 
 def test_greedy_without_bad_words_is_hf_greedy_for_every_drafter(target):
