@@ -173,8 +173,8 @@ def test_greedy_with_penalties_is_hf_greedy_for_every_drafter(target, case, argm
         assert got.token_ids == expected, (drafter, case)
         if isinstance(drafter, OracleDrafter) and drafter.reference == expected:  # long drafts verified with the
             assert got.stats.accepted_draft_tokens >= 10  # penalties on, accepted (draft lengths adapt to timing)
-        elif isinstance(drafter, OracleDrafter):  # right for 12 tokens: some accepted, the rest rejected
-            assert 0 < got.stats.accepted_draft_tokens < got.stats.drafted_tokens
+        elif isinstance(drafter, OracleDrafter):  # right for 12 tokens: some of those accepted, none after them
+            assert 0 < got.stats.accepted_draft_tokens <= 11
 
 
 def test_greedy_without_bad_words_is_hf_greedy_for_every_drafter(target):
@@ -197,7 +197,7 @@ def test_greedy_without_bad_words_is_hf_greedy_for_every_drafter(target):
 
 def oracles(reference: list[int]) -> list[OracleDrafter]:
     """Drafters that know the answer (every draft accepted), and one whose answer is wrong from token 12 on (drafts
-    rejected there, rolled back, then nothing more is drafted)."""
+    rejected there and rolled back, unless a verified token lands there first; then nothing more is drafted)."""
     wrong = reference[:12] + [(t + 1) % 60 + 2 for t in reference[12:]]
     return [OracleDrafter(reference), OracleDrafter(wrong)]
 
