@@ -257,18 +257,13 @@ class CodedPanels:
             return padded.view(count, width, t.shape[1]).transpose(1, 2)
 
         columns = by_panel(codes)
-        if bits in (4, Q4K):
-            self.data = (columns[..., :half] | (columns[..., half:] << 4)).contiguous()
-            # [count, in / GROUP, 2, width]: fp16, or fp32 for Q4K (the kernel reads them as 16-bit words)
-            scales = torch.stack([by_panel(d), by_panel(m)], dim=2)
-            self.scales = scales.to(torch.float16 if bits == 4 else torch.float32).contiguous()
-        elif bits == Q6M:
-            self.data = columns.contiguous()
-            self.scales = torch.stack([by_panel(d), by_panel(m)], dim=2).to(torch.float32).contiguous()
-        else:
-            self.data = columns.contiguous()
-            # [count, in / group, width]: fp16, or fp32 for 6-bit codes (the kernel reads them as 16-bit words)
-            self.scales = by_panel(d).to(torch.float32 if bits == 6 else torch.float16).contiguous()
+        # 4-bit: two columns a byte; 8- and 6-bit: a signed byte a column
+        self.data = (columns[..., :half] | (columns[..., half:] << 4)) if bits in (4, Q4K) else columns
+        self.data = self.data.contiguous()
+        # with m: [count, in / group, 2, width], else [count, in / group, width]; fp16 where it holds them exactly
+        # (q4_form, q8_form), fp32 otherwise (the kernel reads fp32 scales of Q4K as 16-bit words)
+        scales = by_panel(d) if m is None else torch.stack([by_panel(d), by_panel(m)], dim=2)
+        self.scales = scales.to(torch.float16 if bits in (4, 8) else torch.float32).contiguous()
 
     def __call__(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """flat [rows, in] (fp32) @ weight^T (+ bias) -> [rows, out], the bits Panels gives for the fp32 weight."""
