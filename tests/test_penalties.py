@@ -225,10 +225,19 @@ def test_a_row_not_penalised_for_the_drafts_before_it_is_caught(target, monkeypa
         expected = hf_greedy(target, prompt_ids, 40, **case)
         got = generate(target, RAW, raw=True, drafter=OracleDrafter(expected), max_new_tokens=40, **_options(case))
         greedy += got.token_ids != expected
-        options = dict(raw=True, max_new_tokens=40, temperature=1.1, seed=1, **_options(case))
-        plain = generate(target, RAW, drafter="none", **options).token_ids
-        sampled += generate(target, RAW, drafter=OracleDrafter(plain), **options).token_ids != plain
-    assert greedy > 0 and sampled > 0
+    # A sampled token flips only where the missed penalty moves the seeded draw across a boundary, which one seed on
+    # one host's rounding may never do: several seeds over every case (stopping at the first caught) make the control
+    # host-independent without weakening it.
+    for seed in range(4):
+        for case in CASES:
+            options = dict(raw=True, max_new_tokens=40, temperature=1.1, seed=seed, **_options(case))
+            plain = generate(target, RAW, drafter="none", **options).token_ids
+            sampled += generate(target, RAW, drafter=OracleDrafter(plain), **options).token_ids != plain
+            if sampled:
+                break
+        if sampled:
+            break
+    assert greedy > 0 and sampled > 0, (greedy, sampled)
 
 
 def _engine_requests(target, specs, seed):
