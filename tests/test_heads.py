@@ -419,30 +419,36 @@ def test_int8_head_drafts_together_as_alone_and_agrees_with_fp32(target):
 
 def test_the_attached_head_runs_in_the_precision_measured_fastest(target, monkeypatch, tmp_path):
     """drafters.factory.attached_head times fp32, bf16 and (where torch has it) int8 on the head and keeps the
-    fastest; `fastest` picks the quickest candidate by its measured step."""
-    import time as clock
+    fastest; `fastest` picks the quickest candidate by its measured step. The clock here is a fake one that each
+    candidate advances by its cost, so the choice does not hang on how busy the host is."""
+    from types import SimpleNamespace
 
     from leapdecode.heads import precision
 
     head, _ = tiny_head(target, trained=False)
+    now = [0.0]
+    monkeypatch.setattr(precision, "time", SimpleNamespace(perf_counter=lambda: now[0]))
 
-    class Slow:
+    class Costing:
         config = head.config
 
+        def __init__(self, cost, first_cost=None):
+            self.cost, self.first_cost = cost, first_cost
+
         def draft_step(self, feature, token):
-            clock.sleep(0.001)
-            return feature, feature
+            now[0] += self.cost if self.first_cost is None else self.first_cost
+            self.first_cost = None
+            return head.draft_step(feature, token)
 
-    assert precision.fastest({"slow": Slow(), "head": head}, repeats=2, steps=3) == "head"
-    assert precision.fastest({"head": head, "slow": Slow()}, repeats=2, steps=3) == "head"
+    cold = Costing(1e-4, first_cost=1.0)  # the fastest, once past a cold first step: the best repeat counts
+    assert precision.fastest({"fp32": Costing(1e-3), "bf16": cold}, repeats=2, steps=3) == "bf16"
+    assert precision.fastest({"fp32": Costing(1e-4), "bf16": Costing(1e-3)}, repeats=2, steps=3) == "fp32"
 
-    class Broken(Slow):
+    class Broken(Costing):
         def draft_step(self, feature, token):
             raise RuntimeError("this kernel does not take that shape")
 
-    assert precision.fastest({"head": head, "broken": Broken()}, repeats=2, steps=3) == "head"
-
-    from types import SimpleNamespace
+    assert precision.fastest({"fp32": Costing(1e-3), "int8": Broken(1e-4)}, repeats=2, steps=3) == "fp32"
 
     from leapdecode.drafters.factory import attached_head
 

@@ -6,6 +6,8 @@ sampling give exactly plain decoding's tokens, alone and in the batched Engine, 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hf_reference import hf_greedy_with
@@ -168,13 +170,15 @@ def test_greedy_with_penalties_is_hf_greedy_for_every_drafter(target, case, argm
     expected = hf_greedy(target, prompt_ids, 40, **case)
     assert expected != hf_greedy(target, prompt_ids, 40)  # the penalty changes the output
     for drafter in (*DRAFTERS, *oracles(expected)):
+        oracle = isinstance(drafter, OracleDrafter)  # drafts of a fixed length: what is accepted is then known
+        lengths = dict(draft_length=8, adaptive_draft_length=False) if oracle else {}
         with kernels.configured(argmax_head=argmax_head):
-            got = generate(target, RAW, raw=True, drafter=drafter, max_new_tokens=40, **_options(case))
+            got = generate(target, RAW, raw=True, drafter=drafter, max_new_tokens=40, **_options(case), **lengths)
         assert got.token_ids == expected, (drafter, case)
-        if isinstance(drafter, OracleDrafter) and drafter.reference == expected:  # long drafts verified with the
-            assert got.stats.accepted_draft_tokens >= 10  # penalties on, accepted (draft lengths adapt to timing)
-        elif isinstance(drafter, OracleDrafter):  # right for 12 tokens: some of those accepted, none after them
-            assert 0 < got.stats.accepted_draft_tokens <= 11
+        if oracle and drafter.reference == expected:  # long drafts verified with the penalties on, all accepted
+            assert got.stats.accepted_draft_tokens >= 30, got.stats
+        elif oracle:  # right for 12 tokens: some of those accepted, none after them
+            assert 0 < got.stats.accepted_draft_tokens <= 11, got.stats
 
 
 def test_greedy_without_bad_words_is_hf_greedy_for_every_drafter(target):
@@ -220,23 +224,20 @@ def test_a_row_not_penalised_for_the_drafts_before_it_is_caught(target, monkeypa
     original = Penalties.apply
     monkeypatch.setattr(Penalties, "apply", lambda self, logits, out, draft, m=None: original(self, logits, out, [], m))
     prompt_ids = encode_prompt(target.tokenizer, RAW, raw=True)
-    greedy = sampled = 0
+    greedy = 0
     for case in CASES[:5]:
         expected = hf_greedy(target, prompt_ids, 40, **case)
         got = generate(target, RAW, raw=True, drafter=OracleDrafter(expected), max_new_tokens=40, **_options(case))
         greedy += got.token_ids != expected
+
     # A sampled token flips only where the missed penalty moves the seeded draw across a boundary, which one seed on
-    # one host's rounding may never do: several seeds over every case (stopping at the first caught) make the control
-    # host-independent without weakening it.
-    for seed in range(4):
-        for case in CASES:
-            options = dict(raw=True, max_new_tokens=40, temperature=1.1, seed=seed, **_options(case))
-            plain = generate(target, RAW, drafter="none", **options).token_ids
-            sampled += generate(target, RAW, drafter=OracleDrafter(plain), **options).token_ids != plain
-            if sampled:
-                break
-        if sampled:
-            break
+    # one host's rounding (and timing-adapted draft lengths) may never do: any of several seeds over every case.
+    def caught_sampled(seed, case):
+        options = dict(raw=True, max_new_tokens=40, temperature=1.1, seed=seed, **_options(case))
+        plain = generate(target, RAW, drafter="none", **options).token_ids
+        return generate(target, RAW, drafter=OracleDrafter(plain), **options).token_ids != plain
+
+    sampled = any(caught_sampled(seed, case) for seed, case in itertools.product(range(4), CASES))
     assert greedy > 0 and sampled > 0, (greedy, sampled)
 
 
