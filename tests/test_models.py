@@ -527,3 +527,24 @@ def test_hub_id_cached_without_weights_says_offline(tmp_path, tiny_dir):
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert "'someorg/partial' is only partly in the local Hugging Face cache" in done.stderr
     assert "(offline)" in done.stderr and "hf download someorg/partial" in done.stderr
+
+
+def test_a_packaged_model_s_cached_copy_given_by_its_path_keeps_its_shipped_head(tmp_cache, tiny_dir):
+    """`leapdecode serve --model ~/.cache/leapdecode/smollm2-135m` (bench-serve starts servers so) is the packaged
+    model: its default drafter is the shipped head, as for `--model smollm2-135m`. A directory whose manifest names a
+    packaged model with another checksum, or none, is a model of its own."""
+    import shutil
+
+    from leapdecode.drafters.factory import default_drafter, head_name
+    from leapdecode.models.registry import packaged_name
+
+    name = "smollm2-135m"
+    entry = tmp_cache / "copy"
+    shutil.copytree(tiny_dir[0], entry)
+    lm = load_model(str(entry))
+    assert packaged_name(entry) is None and head_name(lm) == str(entry)
+    for sha256, expected in (("0" * 64, None), (PACKAGED[name].sha256, name)):
+        (entry / MANIFEST).write_text(json.dumps({"format": 1, "name": name, "sha256": sha256}))
+        assert packaged_name(entry) == expected
+        assert head_name(lm) == (expected or str(entry))
+    assert default_drafter(head_name(lm)) == "head" and default_drafter(str(entry)) == "prompt-lookup"

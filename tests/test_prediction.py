@@ -88,9 +88,10 @@ def test_an_answer_that_repeats_its_prediction_takes_few_forwards(tiny):
     target, _ = tiny
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     reference, plain = greedy(target, prompt, 60, make_drafter("none"))
-    out, stats = greedy(target, prompt, 60, with_prediction(make_drafter("none"), reference))
+    # drafts of a fixed length (4): how many forwards they take does not hang on how the host timed them
+    out, stats = greedy(target, prompt, 60, with_prediction(make_drafter("none"), reference), adaptive=False)
     assert out == reference and plain.forward_passes == 60
-    assert stats.forward_passes <= 30, stats.accepted_per_step  # drafts of the prediction accepted in long runs
+    assert stats.forward_passes <= 15, stats.accepted_per_step  # every forward accepts a whole draft of the prediction
     assert stats.accepted_prediction_tokens == 60
 
 

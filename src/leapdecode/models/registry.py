@@ -101,6 +101,14 @@ def read_manifest(directory: pathlib.Path) -> dict | None:
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 
 
+def packaged_name(directory: str | pathlib.Path) -> str | None:
+    """The packaged model a directory holds (its cache manifest names one, with that package's checksum), else None:
+    a cached copy given by its path is still that model (its shipped draft head fits it)."""
+    manifest = read_manifest(pathlib.Path(directory)) or {}
+    spec = PACKAGED.get(str(manifest.get("name", "")))
+    return manifest["name"] if spec is not None and manifest.get("sha256") == spec.sha256 else None
+
+
 def is_cached(name: str) -> bool:
     """Whether packaged model ``name`` has a complete converted copy in the cache."""
     return read_manifest(cache_dir() / name) is not None
