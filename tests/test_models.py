@@ -535,16 +535,16 @@ def test_a_packaged_model_s_cached_copy_given_by_its_path_keeps_its_shipped_head
     packaged model with another checksum, or none, is a model of its own."""
     import shutil
 
-    from leapdecode.drafters.factory import default_drafter, head_name
+    from leapdecode.drafters.factory import default_drafter
+    from leapdecode.heads.model import load_head, shipped_head_name
     from leapdecode.models.registry import packaged_name
 
     name = "smollm2-135m"
     entry = tmp_cache / "copy"
     shutil.copytree(tiny_dir[0], entry)
-    lm = load_model(str(entry))
-    assert packaged_name(entry) is None and head_name(lm) == str(entry)
+    assert packaged_name(entry) is None and shipped_head_name(entry) is None
     for sha256, expected in (("0" * 64, None), (PACKAGED[name].sha256, name)):
         (entry / MANIFEST).write_text(json.dumps({"format": 1, "name": name, "sha256": sha256}))
-        assert packaged_name(entry) == expected
-        assert head_name(lm) == (expected or str(entry))
-    assert default_drafter(head_name(lm)) == "head" and default_drafter(str(entry)) == "prompt-lookup"
+        assert packaged_name(entry) == expected and shipped_head_name(str(entry)) == expected
+        assert default_drafter(str(entry)) == ("head" if expected else "prompt-lookup")
+    assert default_drafter(name) == "head" and load_head(str(entry)).meta == load_head(name).meta

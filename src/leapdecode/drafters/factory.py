@@ -53,7 +53,7 @@ def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", 
         drafter = "draft-model"
     _check_draft_model(drafter, draft_model)
     if drafter == "auto":
-        drafter = default_drafter(head_name(target))
+        drafter = default_drafter(target.name)
     if drafter == "select":
         return _select_factory(target, **options)
     if drafter == "draft-model" and draft_model is not None:
@@ -69,7 +69,7 @@ def drafter_factory(drafter: str, target, draft_model=None, draft_dtype="int8", 
     if drafter == "prompt-lookup":
         options.setdefault("calibration", shared_calibration(target.model, drafter))
     if drafter == "head":
-        options["head"] = attached_head(target, options.pop("head", None) or head_name(target))
+        options["head"] = attached_head(target, options.pop("head", None) or target.name)
     make_drafter(drafter, **options)  # fail now on a bad name or option
     return lambda: make_drafter(drafter, **options)
 
@@ -82,22 +82,13 @@ def _select_factory(target, candidates=None, head=None, store_key=None, **option
     has one, prompt lookup and n-grams), each built as it would be alone (`head`, `store_key` go to theirs)."""
     from ..heads.model import has_shipped_head
 
-    shipped = has_shipped_head(head_name(target))
-    names = list(candidates or [n for n in SELECT_CANDIDATES if n != "head" or head or shipped])
+    names = list(candidates or [n for n in SELECT_CANDIDATES if n != "head" or head or has_shipped_head(target.name)])
     for name in names:
         require(name in SELECT_CANDIDATES, f"select candidates come from {', '.join(SELECT_CANDIDATES)}, not '{name}'")
     own = {"head": {"head": head} if head else {}, "ngram": {"store_key": store_key} if store_key else {}}
     makers = [drafter_factory(n, target, **own.get(n, {})) for n in names]
     make_drafter("select", candidates=[m() for m in makers], **options)  # fail now on a bad option
     return lambda: make_drafter("select", candidates=[m() for m in makers], **options)
-
-
-def head_name(target) -> str:
-    """The name a target's shipped draft head goes by: its packaged name, also where it was loaded by the path of its
-    cached copy (as bench-serve and scripts do), else its own name."""
-    from ..models.registry import packaged_name
-
-    return packaged_name(target.path) or target.name
 
 
 def default_drafter(target_name: str) -> str:

@@ -112,17 +112,27 @@ class DraftHead(nn.Module):
         (directory / "head.json").write_text(json.dumps({"config": asdict(self.config), **(extra or {})}, indent=1))
 
 
-def has_shipped_head(target: str) -> bool:
-    """Whether a head ships for this short model name (paths and hub ids never match)."""
+def shipped_head_name(target: str | pathlib.Path) -> str | None:
+    """The short name of the head shipped for `target`, else None: a packaged model's name, or the path of its cached
+    copy (its manifest names the package, with that package's checksum: bench-serve and scripts load it so). Other
+    paths and hub ids never match."""
+    from ..models.registry import packaged_name
+
     name = str(target)
-    return bool(name) and pathlib.Path(name).name == name and (CHECKPOINT_DIR / name / "head.json").exists()
+    if name and pathlib.Path(name).name != name:
+        name = packaged_name(pathlib.Path(name).expanduser()) or ""
+    return name if name and (CHECKPOINT_DIR / name / "head.json").exists() else None
+
+
+def has_shipped_head(target: str | pathlib.Path) -> bool:
+    return shipped_head_name(target) is not None
 
 
 def load_head(source: str | pathlib.Path, dtype: torch.dtype = torch.float32) -> DraftHead:
     """A trained head from a directory, or by the short name of its target among the shipped checkpoints."""
     directory = pathlib.Path(source)
     if not (directory / "head.json").exists():
-        directory = CHECKPOINT_DIR / str(source)
+        directory = CHECKPOINT_DIR / (shipped_head_name(source) or str(source))
     if not (directory / "head.json").exists():
         shipped = sorted(p.name for p in CHECKPOINT_DIR.glob("*") if (p / "head.json").exists())
         raise LeapDecodeError(

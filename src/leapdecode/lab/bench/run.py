@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ...drafters.factory import attached_head, head_name
+from ...drafters.factory import attached_head
 from ...errors import LeapDecodeError
 from ...models.quantize import dtype_name
 from ...prompt import encode_prompt
@@ -77,7 +77,7 @@ def machine_setup(ctx: BenchContext, cfg: BenchConfig, suite: str, questions: li
 
 
 def _head_source(ctx: BenchContext) -> str:
-    head = attached_head(ctx.target, ctx.head or head_name(ctx.target))
+    head = attached_head(ctx.target, ctx.head or ctx.target.name)
     summary = head.meta.get("summary", {})
     return (
         f"{ctx.head or 'shipped head of ' + ctx.target.name}: {head.size() / 1e6:.1f}M weights in {head.precision} "
