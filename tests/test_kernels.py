@@ -100,6 +100,8 @@ def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, m
     shapes = {(m.out_features, m.in_features) for m in running}
     assert len(shapes) == 5  # o_proj, down_proj, the head, the fused q/k/v (the gate's shape) and gate/up
     assert {tuple(map(int, row["shape"].split("x"))) for row in table} == shapes
+    timed = {tuple(map(int, k.split("|")[-2].split("x"))) for k in calibrate._memory if "|linear" in k}
+    assert timed == shapes  # the parts' own shapes (k/v here) untimed: the fused layers run in their place
     for row in table:
         assert row["cached"] and row["linear"][0][0] == 1 and row["linear"][-1][1] == kernels.BUCKETS[-1]
         assert {path for _, _, path in row["linear"]} <= set(kernels.LINEAR_PATHS)
@@ -120,8 +122,8 @@ def test_calibration_is_cached_on_disk_per_host_and_inspectable(private_cache, m
         Runner(tiny_model("llama", seed=13, vocab=97))
     finally:
         torch.set_num_threads(threads)
-    # every shape (calibration also times the fused parts' own), and the head's argmax variants
-    assert len(measured) == len({(m.out_features, m.in_features) for m in linears}) + 1
+    # every shape that runs (not the fused parts' own), and the head's argmax variants
+    assert len(measured) == len(shapes) + 1
 
 
 def test_a_cached_entry_measured_with_paths_of_another_version_is_measured_again(private_cache, monkeypatch):

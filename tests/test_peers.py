@@ -117,12 +117,72 @@ def test_worker_protocol_and_its_errors(tmp_path):
     try:
         answer = worker.call("generate", ids=[1, 2, 3])
         assert answer["echo"] == {"op": "generate", "ids": [1, 2, 3]} and worker.peak_rss_mb == 12.5
+        assert 0 < worker.private_mb() < 1000  # its own memory, read from the OS (the answer's peak where it cannot)
         with pytest.raises(LeapDecodeError, match="failed during 'boom': RuntimeError: bad input"):
             worker.call("boom")
         with pytest.raises(LeapDecodeError, match="worker exited during 'die': stub worker: fatal problem"):
             worker.call("die")
     finally:
         worker.close()
+
+
+LOGGING_STUB = textwrap.dedent(
+    """
+    # TEST DOUBLE of peer_worker.py: logs each request with its process id, answers load and generate
+    import json, os, sys
+    for line in sys.stdin:
+        req = json.loads(line)
+        with open(sys.argv[1], "a") as log:
+            log.write(json.dumps({"pid": os.getpid(), **req}) + "\\n")
+        if req["op"] == "load":
+            print(json.dumps({"peak_rss_mb": 6000.0, "cpu_defaults": {}, "properties": {}}), flush=True)
+        else:
+            print(json.dumps({"tokens": [7], "wall": 0.1, "ttft": 0.05, "peak_rss_mb": 6000.0}), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("free_mb", [20000, 7000])
+def test_peers_load_one_at_a_time_where_memory_holds_one(tmp_path, monkeypatch, free_mb):
+    import leapdecode.host
+
+    stub, log = tmp_path / "stub_worker.py", tmp_path / "log.jsonl"
+    stub.write_text(LOGGING_STUB)
+    monkeypatch.setattr(peers, "check_available", lambda: "2026.4.1")
+    monkeypatch.setattr(peers, "ensure_ir", lambda target, console=None: tmp_path / "ir")
+    monkeypatch.setattr(peers, "peer_precision", lambda target: ("fp32", "f32"))
+    monkeypatch.setattr(leapdecode.host, "available_memory", lambda: free_mb << 20)
+    monkeypatch.setattr(peers.PeerWorker, "private_mb", lambda self: 6000.0)  # a 1.5B pipeline's own memory
+    group = peers.Peers(command=[sys.executable, str(stub), str(log)])
+    group.start(["none", "openvino", "openvino-prompt-lookup"], None, 2)
+    try:
+        for prompt in ([1, 2], [3, 4], [5, 6]):  # the first is the run's warm-up call
+            for method in ("openvino", "openvino-prompt-lookup"):
+                assert group.generate(method, prompt, None, 8, [0])["tokens"] == [7]
+    finally:
+        group.close()
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    loads = [r for r in requests if r["op"] == "load"]
+    timed = [r for r in requests if r["op"] == "generate"]
+    lookup = [r["prompt_lookup"] for r in loads]
+    one_at_a_time = free_mb < 1.25 * 6000
+    assert group.one_at_a_time is one_at_a_time
+    if not one_at_a_time:  # both loaded once, side by side
+        assert lookup == [False, True] and len(timed) == 6
+        assert group.load_count == {"openvino": 1, "openvino-prompt-lookup": 1}
+        return
+    assert lookup == [False, True] * 3  # every call for the other peer reloads it
+    by_pid = {}
+    for r in requests:
+        by_pid.setdefault(r["pid"], []).append(r)
+    assert len(by_pid) == 6  # and each load is a process of its own (the last one closed before the next)
+    for i, calls in enumerate(by_pid.values()):
+        ops = [(c["op"], tuple(c.get("ids", ()))) for c in calls]
+        warm = [("generate", (1, 2))] if i else []  # a reload repeats the warm-up call before its own
+        assert ops == [("load", ()), *warm, ("generate", ((1, 2), (3, 4), (5, 6))[i // 2])]
+        drafts = {c.get("num_assistant_tokens") for c in calls if c["op"] == "generate"}
+        assert drafts == ({4} if calls[0]["prompt_lookup"] else {None})  # the warm-up is its own peer's call
+    assert group.load_count == {"openvino": 3, "openvino-prompt-lookup": 3}
 
 
 # ---------------------------------------------------------------- reporting a peer (FakePeers: a test double)

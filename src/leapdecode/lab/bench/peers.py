@@ -77,6 +77,17 @@ class PeerWorker:
         self.peak_rss_mb = answer.get("peak_rss_mb", self.peak_rss_mb)
         return answer
 
+    def private_mb(self) -> float | None:
+        """The worker's own resident memory now (Linux's RssAnon), or its peak RSS where that cannot be read."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        return int(line.split()[1]) / 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return self.peak_rss_mb
+
     def _stderr_tail(self) -> str:
         self.log.seek(0)
         lines = [x.strip() for x in self.log.read().splitlines() if x.strip()]
@@ -95,15 +106,27 @@ class PeerWorker:
 
 @dataclass
 class Peers:
-    """The peer workers of one `bench` run, started before the suite (conversion included), closed after it."""
+    """The peer workers of one `bench` run, started before the suite (conversion included), closed after it.
+
+    The suite runs every method on each prompt in turn, so each peer keeps its pipeline loaded: the first at start
+    (a failing load stops the run before the suite), the others at their first call, when the target's methods have
+    made their kernels. Where the memory left then would not hold another worker as large as a loaded one (a 1.5B
+    model in fp32: ~6 GB a pipeline beside the target's ~11), the peers are loaded one at a time instead: a call for
+    another peer closes the loaded one, loads its own and first repeats the run's first (warm-up) call untimed, so a
+    reloaded pipeline is measured warm. The report says so."""
 
     ir: pathlib.Path | None = None
     threads: int = 1
     kv_cache: str = "f32"
     weights: str = "fp32"
+    command: list[str] | None = None  # the worker's command line (default: peer_worker.py)
     workers: dict[str, PeerWorker] = field(default_factory=dict)
     info: dict[str, dict] = field(default_factory=dict)  # method -> what its load answered
     tokenizer_checks: dict[str, dict[tuple, bool]] = field(default_factory=dict)  # method -> prompt -> same ids
+    loads: dict[str, dict] = field(default_factory=dict)  # method -> its load request
+    load_count: dict[str, int] = field(default_factory=dict)
+    one_at_a_time: bool = False
+    _warm_up: dict | None = None  # the run's first generate request, repeated after a reload
 
     def start(self, methods: list[str], target, threads: int, console=None) -> Peers:
         wanted = [m for m in methods if m in PEER_METHODS]
@@ -112,36 +135,54 @@ class Peers:
         check_available()
         self.ir, self.threads = ensure_ir(target, console), threads
         self.weights = peer_precision(target)[0]
+        for method in wanted:
+            self.loads[method] = {
+                "ir": str(self.ir),
+                "kind": "llm",
+                "threads": threads,
+                **_precisions(target, self.kv_cache),
+                "prompt_lookup": method == "openvino-prompt-lookup",
+            }
         try:
-            for method in wanted:
-                worker = PeerWorker()
-                self.workers[method] = worker
-                self.info[method] = worker.call(
-                    "load",
-                    ir=str(self.ir),
-                    kind="llm",
-                    threads=threads,
-                    **_precisions(target, self.kv_cache),
-                    prompt_lookup=method == "openvino-prompt-lookup",
-                )
+            self._load(wanted[0])  # the others when first called: by then the target's own kernels are made
         except BaseException:
             self.close()
             raise
         return self
 
-    def generate(self, method: str, prompt_ids: list[int], text: str | None, max_new_tokens: int, eos_ids) -> dict:
-        if method not in self.workers:
+    def _load(self, method: str) -> PeerWorker:
+        worker = self.workers[method] = PeerWorker(self.command)
+        self.info[method] = worker.call("load", **self.loads[method])
+        self.load_count[method] = self.load_count.get(method, 0) + 1
+        return worker
+
+    def _worker(self, method: str) -> PeerWorker:
+        if method in self.workers:
+            return self.workers[method]
+        if method not in self.loads:
             raise LeapDecodeError(f"peer '{method}' was not started (Peers.start runs before the suite)")
-        extra = PROMPT_LOOKUP if method == "openvino-prompt-lookup" else {}
+        self.one_at_a_time = self.one_at_a_time or not _room_for_another(self.workers.values())
+        if not self.one_at_a_time:
+            return self._load(method)
+        for other in list(self.workers):  # the loaded one goes first
+            self.workers.pop(other).close()
+        worker = self._load(method)
+        if self._warm_up is not None:
+            worker.call("generate", **self._warm_up, **_extra(method))
+        return worker
+
+    def generate(self, method: str, prompt_ids: list[int], text: str | None, max_new_tokens: int, eos_ids) -> dict:
+        worker = self._worker(method)
         checks = self.tokenizer_checks.setdefault(method, {})
         key = tuple(prompt_ids)
-        answer = self.workers[method].call(
+        request = {"ids": prompt_ids, "max_new_tokens": max_new_tokens, "stop_ids": list(eos_ids)}
+        if self._warm_up is None:
+            self._warm_up = {**request, "text": None}
+        answer = worker.call(
             "generate",
-            ids=prompt_ids,
+            **request,
             text=None if key in checks else text,  # each distinct prompt checked once
-            max_new_tokens=max_new_tokens,
-            stop_ids=list(eos_ids),
-            **extra,
+            **_extra(method),
         )
         if answer.get("tokenizer_ids_match") is not None:
             checks[key] = bool(answer["tokenizer_ids_match"])
@@ -163,16 +204,32 @@ class Peers:
                 f"{_short(defaults['KV_CACHE_PRECISION'])} KV cache); fed our prompt token ids, and OpenVINO's own "
                 f"tokenizer reads the templated prompt as the same ids on {sum(checks)} of {len(checks)} distinct "
                 "prompts (warm-up included)"
+                + (
+                    f"; loaded one peer at a time ({self.load_count[method]} loads: the memory held no second "
+                    "pipeline), each reload warmed up untimed"
+                    if self.one_at_a_time
+                    else ""
+                )
             )
         return out
-
-    def peak_rss_mb(self, method: str) -> float | None:
-        worker = self.workers.get(method)
-        return worker.peak_rss_mb if worker else None
 
     def close(self) -> None:
         for worker in self.workers.values():
             worker.close()
+        self.workers.clear()
+
+
+def _extra(method: str) -> dict:
+    return PROMPT_LOOKUP if method == "openvino-prompt-lookup" else {}
+
+
+def _room_for_another(loaded) -> bool:
+    """Whether the memory available now holds one more worker as large as the largest loaded (its own memory, not
+    the IR file's pages it maps, which all workers share), with a quarter to spare; True where either is unknown."""
+    from ...host import available_memory
+
+    largest, free = max((w.private_mb() or 0 for w in loaded), default=0), available_memory()
+    return free is None or not largest or free / 2**20 >= 1.25 * largest
 
 
 def _precisions(target, kv_cache: str) -> dict:
