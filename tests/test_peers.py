@@ -163,12 +163,12 @@ def test_peers_load_one_at_a_time_where_memory_holds_one(tmp_path, monkeypatch, 
         group.close()
     requests = [json.loads(line) for line in log.read_text().splitlines()]
     loads = [r for r in requests if r["op"] == "load"]
-    timed = [r for r in requests if r["op"] == "generate"]
+    generates = [r for r in requests if r["op"] == "generate"]
     lookup = [r["prompt_lookup"] for r in loads]
     one_at_a_time = free_mb < 1.25 * 6000
     assert group.one_at_a_time is one_at_a_time
     if not one_at_a_time:  # both loaded once, side by side
-        assert lookup == [False, True] and len(timed) == 6
+        assert lookup == [False, True] and len(generates) == 6
         assert group.load_count == {"openvino": 1, "openvino-prompt-lookup": 1}
         return
     assert lookup == [False, True] * 3  # every call for the other peer reloads it

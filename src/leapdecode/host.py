@@ -36,10 +36,15 @@ def oversubscribed(load: float | None, threads: int) -> bool:
 
 def available_memory() -> int | None:
     """Bytes the OS could give this process now without swapping (Linux's MemAvailable), or None where unknown."""
+    return proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def proc_bytes(path: str, key: str) -> int | None:
+    """The `key: N kB` line of a Linux /proc file (meminfo, a process's status) in bytes, or None where unknown."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass

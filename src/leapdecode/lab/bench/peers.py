@@ -79,14 +79,10 @@ class PeerWorker:
 
     def private_mb(self) -> float | None:
         """The worker's own resident memory now (Linux's RssAnon), or its peak RSS where that cannot be read."""
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("RssAnon:"):
-                        return int(line.split()[1]) / 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return self.peak_rss_mb
+        from ...host import proc_bytes
+
+        own = proc_bytes(f"/proc/{self.proc.pid}/status", "RssAnon")
+        return self.peak_rss_mb if own is None else own / 2**20
 
     def _stderr_tail(self) -> str:
         self.log.seek(0)
