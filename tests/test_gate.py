@@ -75,6 +75,21 @@ def test_a_noisy_arm_is_judged_on_its_sums_not_on_one_step():
     assert sum(choices[4 * EXPLORE_EVERY :]) > 0.9 * 16 * EXPLORE_EVERY
 
 
+def test_a_drafting_arm_whose_lead_is_within_the_noise_does_not_lead():
+    """Drafted steps of 1 or 5 tokens (3 on average) against plain steps of 2.9: drafting is ahead on average, but
+    by far less than a standard error, so plain steps run, bar the explorations; against plain steps of 2 the lead
+    is beyond the noise and drafting runs."""
+    for plain, drafting_leads in ((2.9, False), (2.0, True)):
+        gate, choices = SpeculationGate(), []
+        for i in range(20 * EXPLORE_EVERY):
+            on = gate.choose(1)
+            choices.append(on)
+            gate.record(1, on, (1 if i % 2 else 5) if on else plain, 1.0)
+        assert gate.rate(1, 1) > gate.rate(1, 0) and gate.lead(1) == int(drafting_leads)
+        drafted = sum(choices[4 * EXPLORE_EVERY :])
+        assert drafted > 0.9 * 16 * EXPLORE_EVERY if drafting_leads else 0 < drafted < 0.3 * 16 * EXPLORE_EVERY
+
+
 def test_both_arms_are_measured_before_either_is_trusted():
     gate = SpeculationGate()
     choices = [gate.choose(4) for _ in range(1)]
@@ -84,7 +99,7 @@ def test_both_arms_are_measured_before_either_is_trusted():
 
 def test_the_gate_rule_step_by_step():
     """The rule exactly: arms alternate (drafting first) until each has MIN_SAMPLES steps; then the arm ahead runs
-    (drafting on a tie), except bursts of EXPLORE_STEPS steps of the other arm after EXPLORE_EVERY steps, then after
+    (plain steps on a tie), except bursts of EXPLORE_STEPS steps of the other arm after EXPLORE_EVERY steps, then after
     waits that double while the same arm leads (up to MAX_EXPLORE_EVERY) and go back to EXPLORE_EVERY when the lead
     changes; rates are decayed sums of tokens over decayed sums of seconds; a step of no measurable time is not a
     sample."""
@@ -126,7 +141,7 @@ def test_the_gate_rule_step_by_step():
         gate.record(2, True, 10, 1.0)
         gate.record(2, False, 10, 1.0)
     gate.arms[(2, True)] = dataclasses.replace(gate.arms[(2, False)])
-    assert gate.leaders() == {2: 1, 4: None} and gate.choose(2) == 1  # a tie: drafting keeps the lead
+    assert gate.leaders() == {2: 0, 4: None} and gate.choose(2) == 0  # a tie: plain steps keep the lead
 
 
 def test_an_arm_s_rate_comes_with_its_standard_error():

@@ -6,8 +6,9 @@ each sequence's acceptance estimate. Models miss things (a drafter's own cost as
 from the estimate, steps whose cost depends on more than their row count), and then drafting costs throughput. The
 gate keeps, per load level (how many sequences decode: 1, 2-3, 4-7, 8-15, ...) and per arm (no drafts, or drafts of
 one of the drafters' tiers: a draft head's copies alone, or copies and head steps), the tokens and the seconds that
-decode-only steps delivered, each a decayed sum, and runs the arm that has delivered the most tokens per second: the
-planner drafts only where drafts have paid, and only in the way that paid most. Until every arm has MIN_SAMPLES
+decode-only steps delivered, each a decayed sum, and runs the arm that has delivered the most tokens per second, a
+drafting arm only where its lead over plain steps is beyond the noise (PREFER_Z standard errors): the planner drafts
+only where drafts have paid, and only in the way that paid most. Until every arm has MIN_SAMPLES
 steps at a level, it follows a neighbouring level that has them, or else takes the arms in turn.
 
 A single step is a noisy sample (a drafted step yields one token or several, and what a drafted step yields moves
@@ -31,6 +32,7 @@ from ..drafters.base import Drafter
 
 RATE_DECAY = 0.98  # per step of a level, the weight left to both arms' older samples there
 CLEAR_Z = 2.0  # a lead is clear when the two rates differ by this many standard errors
+PREFER_Z = 1.0  # a drafting arm leads only where it is ahead of plain steps by this many standard errors
 EXPLORE_EVERY = 16  # steps of a level before its first exploration, and after one that changed the lead
 MAX_EXPLORE_EVERY = 512  # the longest wait between explorations once the same arm keeps its lead
 EXPLORE_STEPS = 4  # steps of the arm behind in one exploration
@@ -101,8 +103,18 @@ class SpeculationGate:
         return all(self.samples.get((level, arm), 0) >= MIN_SAMPLES for arm in range(self.n_arms))
 
     def _best(self, level: int) -> int:
-        """The arm with the highest rate at `level` (on a tie, the one that drafts more)."""
-        return max(range(self.n_arms), key=lambda arm: (self.rate(level, arm), arm))
+        """The drafting arm with the highest rate at `level` among those ahead of plain steps by more than PREFER_Z
+        standard errors; plain steps where none is: a drafting arm whose lead is within the noise costs throughput
+        as often as it gains it, and plain steps cost nothing to keep."""
+        plain = self.arms[(level, 0)]
+
+        def ahead(arm: int) -> bool:
+            sums = self.arms[(level, arm)]
+            return sums.rate - plain.rate > PREFER_Z * math.sqrt(sums.variance + plain.variance)
+
+        return max(
+            (arm for arm in range(1, self.n_arms) if ahead(arm)), key=lambda arm: self.rate(level, arm), default=0
+        )
 
     def lead(self, level: int) -> int | None:
         """The arm ahead at `level`: by its own samples once every arm has MIN_SAMPLES there; before that, by a
