@@ -76,6 +76,11 @@ class ArmSums:
         return max(0.0, self.tokens2 - 2 * r * self.cross + r * r * self.seconds2) / self.seconds**2
 
 
+def leads_by(ahead: ArmSums, behind: ArmSums, z: float) -> bool:
+    """Whether `ahead`'s rate exceeds `behind`'s by more than z standard errors of their difference."""
+    return ahead.rate - behind.rate > z * math.sqrt(ahead.variance + behind.variance)
+
+
 class SpeculationGate:
     """Arms: 0 runs plain steps; arm a > 0 lets the planner draft with the drafters' tier a - 1 (`tiers`, from
     Drafter.tiers: a drafter's ways to draft, cheapest first, e.g. the head's copies alone before copies and head
@@ -107,14 +112,8 @@ class SpeculationGate:
         standard errors; plain steps where none is: a drafting arm whose lead is within the noise costs throughput
         as often as it gains it, and plain steps cost nothing to keep."""
         plain = self.arms[(level, 0)]
-
-        def ahead(arm: int) -> bool:
-            sums = self.arms[(level, arm)]
-            return sums.rate - plain.rate > PREFER_Z * math.sqrt(sums.variance + plain.variance)
-
-        return max(
-            (arm for arm in range(1, self.n_arms) if ahead(arm)), key=lambda arm: self.rate(level, arm), default=0
-        )
+        ahead = [arm for arm in range(1, self.n_arms) if leads_by(self.arms[(level, arm)], plain, PREFER_Z)]
+        return max(ahead, key=lambda arm: self.rate(level, arm), default=0)
 
     def lead(self, level: int) -> int | None:
         """The arm ahead at `level`: by its own samples once every arm has MIN_SAMPLES there; before that, by a
@@ -128,11 +127,8 @@ class SpeculationGate:
     def clear(self, level: int) -> bool:
         """Whether the arm ahead at `level` leads every other by more than CLEAR_Z standard errors."""
         best = self.arms[(level, self._best(level))]
-        return all(
-            best.rate - other.rate > CLEAR_Z * math.sqrt(best.variance + other.variance)
-            for other in (self.arms[(level, arm)] for arm in range(self.n_arms))
-            if other is not best
-        )
+        others = (self.arms[(level, arm)] for arm in range(self.n_arms))
+        return all(leads_by(best, other, CLEAR_Z) for other in others if other is not best)
 
     def choose(self, decoding: int) -> int:
         """The arm of a decode-only step of `decoding` sequences: 0 no drafts, a > 0 drafts of tier a - 1."""
