@@ -157,8 +157,9 @@ def test_bench_batch_scenarios(tiny_dir, tmp_path, scenario):
 
 
 def test_the_paired_scenario_interleaves_engine_methods_slice_by_slice(tiny_dir, tmp_path, monkeypatch):
-    """Every slice of 2 x C requests runs on every method's engine (built once per concurrency), the order rotated
-    per slice; each output is checked against solo greedy; ratios are to `engine` over the same slices."""
+    """Every slice of 2 x C requests runs on every method's engine and on a second plain engine (the A/A control),
+    built once per concurrency, the order rotated per slice; each output is checked against solo greedy; ratios are
+    to `engine` over the same slices, with an interval where there are two slices or more."""
     from leapdecode.lab.bench import batch_scenarios
 
     calls = []
@@ -175,14 +176,37 @@ def test_the_paired_scenario_interleaves_engine_methods_slice_by_slice(tiny_dir,
     args += ["--methods", "engine,engine-prompt-lookup", "--concurrency", "1,2", "--max-new-tokens", "8"]
     assert main(args + ["--out", str(out)]) == 0
     table = json.loads((out / "results.json").read_text())["table"]
-    assert list(table) == ["engine @ 1", "engine-prompt-lookup @ 1", "engine @ 2", "engine-prompt-lookup @ 2"]
-    assert [row["slices"] for row in table.values()] == [3, 3, 2, 2]  # 5 requests in slices of 2 and of 4
+    control = "engine (A/A control)"
+    assert list(table) == [f"{m} @ {c}" for c in (1, 2) for m in ("engine", "engine-prompt-lookup", control)]
+    assert [row["slices"] for row in table.values()] == [3, 3, 3, 2, 2, 2]  # 5 requests in slices of 2 and of 4
     assert all(row["identical to solo greedy"] == "5 of 5" for row in table.values())
-    assert table["engine @ 2"]["x engine"] == 1.0
+    assert table["engine @ 2"]["x engine"] == 1.0 and table["engine @ 2"]["x engine, ~95 % interval"] is None
+    low, high = table[f"{control} @ 1"]["x engine, ~95 % interval"]
+    assert 0 < low <= high
     plain, lookup = "none", "prompt-lookup"
-    assert [d for d, _, _ in calls] == [plain, lookup, lookup, plain, plain, lookup] + [plain, lookup, lookup, plain]
-    assert [n for _, _, n in calls] == [2, 2, 2, 2, 1, 1, 4, 4, 1, 1]
+    turns = [plain, lookup, plain, lookup, plain, plain, plain, plain, lookup]  # engine, lookup, control rotated
+    assert [d for d, _, _ in calls] == turns + turns[:6]
+    assert [n for _, _, n in calls] == [2] * 6 + [1] * 3 + [4] * 3 + [1] * 3
     assert main(args[:-4] + ["--methods", "engine-prompt-lookup,engine", "--out", str(out)]) == 2  # engine first
+
+
+def test_a_ratio_interval_is_t_over_the_logs_of_the_slices():
+    """Identical slices give a point; a ratio's inverse gets the mirrored interval; two slices get t's wide 12.71."""
+    import math
+
+    from leapdecode.lab.bench.batch_scenarios import ratio_interval
+
+    assert ratio_interval([1.02]) is None
+    assert ratio_interval([0.95, 0.95, 0.95]) == pytest.approx((0.95, 0.95))
+    ratios = [0.91, 1.04, 0.97, 1.10, 0.99]
+    low, high = ratio_interval(ratios)
+    inv_low, inv_high = ratio_interval([1 / r for r in ratios])
+    assert (inv_low, inv_high) == pytest.approx((1 / high, 1 / low))
+    logs = [math.log(r) for r in ratios]
+    mean, se = sum(logs) / 5, (sum((x - sum(logs) / 5) ** 2 for x in logs) / 4 / 5) ** 0.5
+    assert (low, high) == pytest.approx((math.exp(mean - 2.78 * se), math.exp(mean + 2.78 * se)))
+    low2, high2 = ratio_interval([0.98, 1.02])
+    assert high2 / low2 > 1.5  # two slices say little
 
 
 def test_bench_batch_bad_input_is_one_line(tiny_dir, tmp_path, capsys):

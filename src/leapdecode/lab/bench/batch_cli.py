@@ -143,7 +143,8 @@ def _scenario(args, target, questions, prompts, warmup, console) -> int:
             f"{len(prompts)} requests (first turns of suite '{args.suite}'), max_new_tokens {args.max_new_tokens}, "
             f"max batch tokens {args.max_batch_tokens}, greedy; per concurrency C one engine per method, warmed up "
             "on C other questions, the requests in slices of 2 x C, each slice run by every method in turn (closed "
-            "loop of C, order rotated per slice)"
+            "loop of C, order rotated per slice); a second plain engine runs every slice as the A/A control (the "
+            "ratios two identical engines read); intervals: ~95 % over the per-slice ratios (t on their logs)"
         )
     else:
         if args.scenario == "prefill-stall":
@@ -182,6 +183,8 @@ def _scenario(args, target, questions, prompts, warmup, console) -> int:
 
 
 def _cell(value) -> str:
+    if isinstance(value, list):
+        return "–".join(f"{v:.3f}" for v in value)
     return "–" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 

@@ -11,11 +11,15 @@
   that drift into their ratio (docs/benchmarks.md shows how much on a shared 2-core host); here, per concurrency,
   one engine per method is built and warmed up once, the prompts go in slices of 2 x C, and every slice is run by
   each method in turn (a closed loop of C, the order rotated per slice), so a drift falls on all methods alike
-  within seconds.
+  within seconds. A second plain engine runs every slice too (the A/A control): two identical engines differ
+  by what the host and the engines' timing-adapted plans (prompt chunk sizes, streams per step) make of the same
+  requests, so its ratio to `engine` is the noise any other ratio must be read against. Each ratio comes with a
+  ~95 % interval over its slices.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -112,6 +116,22 @@ def prefix_reuse(target, prefix: list[int], questions: list[list[int]], max_new_
     }
 
 
+CONTROL = "engine (A/A control)"
+# Student's t at 97.5 % for 1 .. 30 degrees of freedom (more: the normal's 1.96)
+_T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11, 2.10,
+         2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)  # fmt: skip
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """A ~95 % interval for the typical per-slice ratio: the mean of the logs plus or minus t standard errors, back
+    from logs (a ratio and its inverse get mirrored intervals); None under two slices."""
+    if len(ratios) < 2:
+        return None
+    logs, df = [math.log(r) for r in ratios], len(ratios) - 1
+    half = (_T975[df - 1] if df <= len(_T975) else 1.96) * statistics.stdev(logs) / math.sqrt(len(ratios))
+    return math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half)
+
+
 def paired(
     target,
     prompts: list[list[int]],
@@ -122,31 +142,38 @@ def paired(
     warmup: list[list[int]],
     reference: list[list[int]],
 ) -> dict:
-    """Per method and concurrency: output tok/s over all slices, its ratio to `engine` over all slices and the
-    median of the per-slice ratios, and how many outputs equal `reference` (each prompt decoded alone)."""
+    """Per method and concurrency (and the A/A control, a second `engine`): output tok/s over all slices, its ratio
+    to `engine` over all slices, the median of the per-slice ratios and their ~95 % interval, and how many outputs
+    equal `reference` (each prompt decoded alone)."""
     table = {}
+    arms = [*methods, CONTROL]
     for c in concurrency:
-        engines = {m: make_engine(target, engine_drafter(m), c, max_batch_tokens=max_batch_tokens) for m in methods}
+        engines = {
+            m: make_engine(target, engine_drafter(m) if m != CONTROL else "none", c, max_batch_tokens=max_batch_tokens)
+            for m in arms
+        }
         for engine in engines.values():  # a server's steady state: step costs and acceptance already learned
             engine.generate_many(list(warmup)[:c], max_new_tokens=max_new_tokens)
         slices = [range(i, min(i + 2 * c, len(prompts))) for i in range(0, len(prompts), 2 * c)]
-        runs: dict[str, list[tuple[int, float]]] = {m: [] for m in methods}
-        tokens: dict[str, list] = {m: [None] * len(prompts) for m in methods}
+        runs: dict[str, list[tuple[int, float]]] = {m: [] for m in arms}
+        tokens: dict[str, list] = {m: [None] * len(prompts) for m in arms}
         for j, part in enumerate(slices):
-            for m in rotated(methods, j):
+            for m in rotated(arms, j):
                 record = closed_loop(engines[m], [prompts[i] for i in part], c, max_new_tokens)
                 runs[m].append((record["output_tokens"], record["wall"]))
                 for i, out in zip(part, record["tokens"]):
                     tokens[m][i] = out
-        rate = {m: sum(n for n, _ in runs[m]) / sum(w for _, w in runs[m]) for m in methods}
-        for m in methods:
+        rate = {m: sum(n for n, _ in runs[m]) / sum(w for _, w in runs[m]) for m in arms}
+        for m in arms:
             checked = {"tokens": tokens[m]}
             check_against(target, prompts, reference, checked)
             per_slice = [(n / w) / (ne / we) for (n, w), (ne, we) in zip(runs[m], runs["engine"])]
+            interval = None if m == "engine" else ratio_interval(per_slice)
             table[f"{m} @ {c}"] = {
                 "output tok/s": rate[m],
                 "x engine": rate[m] / rate["engine"],
                 "x engine, median slice": statistics.median(per_slice),
+                "x engine, ~95 % interval": None if interval is None else [round(v, 3) for v in interval],
                 "slices": len(slices),
                 "identical to solo greedy": f"{checked['identical']} of {len(prompts)}",
             }
