@@ -6,6 +6,7 @@ logits that favour token 1 (every draft, of token 2, is rejected), so each decod
 from __future__ import annotations
 
 import itertools
+import math
 import re
 
 import pytest
@@ -56,6 +57,9 @@ class Spiked(Linear):
 
     def __call__(self, rows):
         return 1000.0 if rows == 39 else float(rows)
+
+
+SARATHI = dict(max_decode_slowdown=2.0)  # a reading step at most twice a decode-only one
 
 
 def make(kv_tokens=10_000, draft=FIXED, whole_prompts=False, **config) -> Scheduler:
@@ -134,6 +138,25 @@ def test_the_smallest_settings_are_allowed():
     ):
         config = SchedulerConfig(**options)
         assert all(getattr(config, k) == v for k, v in options.items())
+
+
+def test_serve_and_bench_batch_take_the_slowdown_bound_and_default_to_none(capsys):
+    """`--max-decode-slowdown` reaches the engine's settings (inf by default, as SchedulerConfig's); a value that is
+    not a number is refused by the parser (exit 2, one line)."""
+    from leapdecode.cli import build_parser
+    from leapdecode.serve.cli import engine_options
+
+    parser = build_parser()
+    assert (
+        engine_options(parser.parse_args(["serve"]))["max_decode_slowdown"]
+        == math.inf
+        == SchedulerConfig().max_decode_slowdown
+    )
+    assert engine_options(parser.parse_args(["serve", "--max-decode-slowdown", "2"]))["max_decode_slowdown"] == 2.0
+    assert parser.parse_args(["bench-batch", "--out", "o", "--max-decode-slowdown", "3.5"]).max_decode_slowdown == 3.5
+    with pytest.raises(SystemExit) as exit:
+        parser.parse_args(["serve", "--max-decode-slowdown", "fast"])
+    assert exit.value.code == 2 and "expected a number, got 'fast'" in capsys.readouterr().err
 
 
 def test_the_prefix_cache_gets_at_most_half_the_kv_rows_and_none_for_whole_prompts():
@@ -345,10 +368,24 @@ def test_streams_are_all_served_where_costs_rise_smoothly_or_drafts_are_fixed():
     assert len(fixed.schedule().logits) == 7
 
 
-def test_prompt_chunks_ride_along_up_to_the_prefill_budget():
-    """Costs R seconds for R rows: beside one stream (1 row, 1 s) a step may cost 2 s, but a prompt advances by at
-    least MIN_CHUNK rows: 17 rows in all, the first prompt's chunk 16; the second prompt waits."""
+def test_by_default_prompt_chunks_fill_the_row_budget_beside_the_streams():
+    """No bound on how much dearer a reading step gets (the default, as vLLM's chunked prefill): beside one stream,
+    the first prompt whole (40 rows) and the next one's first 23 rows fill the 64-row budget."""
     scheduler = make(draft=FIXED, max_batch_tokens=64)
+    (streaming,) = add(scheduler, [5, 6, 7])
+    step(scheduler)
+    scheduler.forward_costs = Linear()
+    first, second = add(scheduler, range(10, 50), range(60, 100))
+    plan = scheduler.schedule()
+    assert [(s.kv, s.n) for s in plan.segments] == [(streaming.kv, 1), (first.kv, 40), (second.kv, 23)]
+    assert scheduler._prefill_budget(4, 256, rest=100) == 256
+
+
+def test_prompt_chunks_ride_along_up_to_the_prefill_budget():
+    """Costs R seconds for R rows: beside one stream (1 row, 1 s) a step may cost 2 s under a bound of 2, but a
+    prompt advances by at least MIN_CHUNK rows: 17 rows in all, the first prompt's chunk 16; the second prompt
+    waits."""
+    scheduler = make(draft=FIXED, max_batch_tokens=64, **SARATHI)
     (streaming,) = add(scheduler, [5, 6, 7])
     step(scheduler)
     scheduler.forward_costs = Linear()
@@ -360,7 +397,7 @@ def test_prompt_chunks_ride_along_up_to_the_prefill_budget():
 def test_a_short_prompt_is_read_whole_where_no_chunk_keeps_the_slowdown():
     """Beside one stream (1 s) no chunk keeps 2 s: MIN_CHUNK rows cost 17 s. A 30-row prompt fits in a step of at most
     2 x 17 s, so it is read whole (31 rows) rather than in a 16-row chunk and then another."""
-    scheduler = make(draft=FIXED, max_batch_tokens=64)
+    scheduler = make(draft=FIXED, max_batch_tokens=64, **SARATHI)
     (streaming,) = add(scheduler, [5, 6, 7])
     step(scheduler)
     scheduler.forward_costs = Linear()
@@ -372,8 +409,8 @@ def test_a_short_prompt_is_read_whole_where_no_chunk_keeps_the_slowdown():
 def test_a_wave_of_prompts_is_read_against_the_step_of_the_streams_it_will_join():
     """4 streams decode (4 s a step) while 16 new requests' prompts (12 rows each) are read. Bounded by the 4 streams'
     step, the wave would go in one prompt a step (the MIN_CHUNK floor: 20 rows); bounded by the step of the 20
-    streams it will be (20 s), a step holds 40 rows: three prompts whole."""
-    scheduler = make(max_batch_tokens=256)
+    streams it will be (20 s), a step holds 40 rows: three prompts whole (under a bound of 2)."""
+    scheduler = make(max_batch_tokens=256, **SARATHI)
     streaming = add(scheduler, *([5 + i, 6] for i in range(4)))
     step(scheduler)
     assert all(r.decoding for r in streaming)
@@ -420,7 +457,7 @@ def test_a_request_too_long_for_the_kv_budget_fails_in_words():
 
 
 def test_the_prefill_budget_is_the_most_rows_within_the_slowdown():
-    scheduler = make()
+    scheduler = make(**SARATHI)
     assert scheduler._prefill_budget(20, 256) == 256  # nothing measured yet
     scheduler.forward_costs = Linear()
     assert scheduler._prefill_budget(20, 256) == 40  # 2 x 20 s: 40 rows, on the dot
@@ -442,7 +479,7 @@ def test_the_prefill_budget_is_the_most_rows_within_the_slowdown():
 def test_the_prefill_budget_reads_forward_costs_not_whole_steps():
     """Whole steps' costs include drafting, spent only where drafts were made: a reading step of as many rows pays
     none of it, so the rows drafted steps visit (here 21-40, a head's batch forward dear) must not shrink chunks."""
-    scheduler = make()
+    scheduler = make(**SARATHI)
     scheduler.forward_costs = Linear()
     for rows in range(20, 41):
         scheduler.costs.record(rows, 1000.0 if rows > 20 else 20.0)
@@ -453,7 +490,7 @@ def test_the_prefill_budget_bisects_a_noisy_cost_curve():
     """Measured costs need not grow with the row count; the search is a bisection for the largest count within the
     limit (midpoints rounded up by one: probes 50, 43, 39, 37, 38), so one dear measurement on its path (39 rows)
     stops it below, though 40 is within the limit. This pins the probes, not a rule: another bisection may differ."""
-    scheduler = make()
+    scheduler = make(**SARATHI)
     scheduler.forward_costs = Spiked()
     assert scheduler._prefill_budget(20, 64) == 38
 

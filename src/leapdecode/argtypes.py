@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 
 
+def number(text: str) -> float:
+    """A float, `inf` included."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def integer(text: str) -> int:
     try:
         return int(text)

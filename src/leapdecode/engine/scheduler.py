@@ -12,6 +12,7 @@ A step with neither drafts nor prompt rows serves as many streams as give the mo
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,7 +37,11 @@ POLICIES = ("fcfs", "priority")
 class SchedulerConfig:
     """`max_batch_tokens`: rows per step; `max_sequences`: requests decoded at once (more wait);
     `prefix_cache_tokens`: prompt-prefix KV kept for reuse; `max_decode_slowdown`: how much dearer than a decode-only
-    step a step may get from the prompt chunks riding along; `kv_cache_bytes`: the most bytes of keys/values the
+    step a step may get from the prompt chunks riding along (inf, the default: prompt chunks fill the step's row
+    budget beside the streams, as vLLM's and OpenVINO GenAI's chunked prefill do, which reads prompts in fewer steps,
+    each step's fixed cost shared by more rows: more throughput and sooner first tokens; a finite bound, 2 say, keeps
+    every stream's next token within that many decode steps' time, at the price of prompts read in more, smaller
+    steps); `kv_cache_bytes`: the most bytes of keys/values the
     engine holds (running requests' slots and the prefix cache together; None: half the memory available when the
     engine starts); `policy`: "fcfs" (requests are admitted in arrival order; the newest admitted is preempted
     first) or "priority" (vLLM's priority scheduling: requests are admitted, and preempted last, in order of their
@@ -45,7 +50,7 @@ class SchedulerConfig:
     max_batch_tokens: int = 256
     max_sequences: int = 32
     prefix_cache_tokens: int = 8192
-    max_decode_slowdown: float = 2.0
+    max_decode_slowdown: float = math.inf
     kv_cache_bytes: int | None = None
     policy: str = "fcfs"
 

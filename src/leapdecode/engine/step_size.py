@@ -1,9 +1,12 @@
 """How many rows a step takes, from measured step costs (controller.StepCost): how many prompt rows ride along
-beside the streams (SARATHI's chunked prefill under a bound on how much dearer the streams' step gets), and how many
+beside the streams (SARATHI's chunked prefill: the step's row budget, or, under a bound on how much dearer the
+streams' step may get, fewer), and how many
 streams a plain step serves (a forward's cost rises in stairs, and one stream past a stair's edge can cost more
 than it gives)."""
 
 from __future__ import annotations
+
+import math
 
 from ..controller import StepCost
 
@@ -24,7 +27,7 @@ def prefill_rows(costs: StepCost, decode_rows: int, budget: int, rest: int, slow
     fits in a step costing at most `slowdown` times that cheapest reading step is read whole: the streams wait once
     instead of over several steps that each pay the reading step's fixed cost. A longer prompt still advances by
     MIN_CHUNK rows a step, so its many steps each stay as light as they can be."""
-    if not costs:
+    if not costs or slowdown == math.inf:
         return budget
     floor = min(decode_rows + MIN_CHUNK, budget)
     limit = slowdown * costs(decode_rows + joining)

@@ -7,6 +7,7 @@ import os
 import time
 
 from ..argtypes import integer as _int
+from ..argtypes import number
 from ..errors import LeapDecodeError, require
 from ..models.registry import DEFAULT_MODEL
 from ..prompt import read_chat_template
@@ -82,6 +83,14 @@ def add_serve(sub) -> None:
     p.add_argument("--max-batch-tokens", type=_int, default=256, help="rows (tokens) per batched forward")
     p.add_argument("--max-sequences", type=_int, default=32, help="requests decoded at once; more wait")
     p.add_argument("--prefix-cache-tokens", type=_int, default=8192)
+    p.add_argument(
+        "--max-decode-slowdown",
+        type=number,
+        default=float("inf"),
+        help="how much dearer than a decode-only step a step reading prompt chunks may get (default inf: chunks fill "
+        "--max-batch-tokens, as vLLM's do; 2 keeps each stream's next token within two decode steps' time, at some "
+        "throughput)",
+    )
     p.add_argument(
         "--chat-template",
         help="render chat messages with this Jinja template (a file, or the text) instead of the model's",
@@ -170,6 +179,7 @@ def engine_options(args) -> dict:
         max_batch_tokens=args.max_batch_tokens,
         max_sequences=args.max_sequences,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        max_decode_slowdown=args.max_decode_slowdown,
         kv_cache_bytes=args.kv_cache_bytes,
         policy=args.scheduling_policy,
         chat_template=read_chat_template(args.chat_template) if args.chat_template else None,

@@ -48,6 +48,7 @@ def run_engine(
     max_batch_tokens=256,
     packed_weights=True,
     prefix_cache_tokens=0,
+    max_decode_slowdown=math.inf,
     on_done=None,
     warmup: list[list[int]] = (),
 ) -> dict:
@@ -61,6 +62,7 @@ def run_engine(
         max_batch_tokens=max_batch_tokens,
         packed_weights=packed_weights,
         prefix_cache_tokens=prefix_cache_tokens,
+        max_decode_slowdown=max_decode_slowdown,
     )
     if warmup:  # closed_loop counts from where the counters stand
         engine.generate_many(list(warmup)[:concurrency], max_new_tokens=max_new_tokens)
@@ -81,6 +83,7 @@ def make_engine(
     max_batch_tokens=256,
     packed_weights=True,
     prefix_cache_tokens=0,
+    max_decode_slowdown=math.inf,
 ) -> Engine:
     """The Engine a bench run measures: `concurrency` sequences at most, prefix cache off unless asked, warmed up as
     a server warms its engine (Engine.warm_up). The n-gram drafter's process-wide store starts empty for every engine
@@ -96,6 +99,7 @@ def make_engine(
         max_sequences=concurrency,
         packed_weights=packed_weights,
         prefix_cache_tokens=prefix_cache_tokens,
+        max_decode_slowdown=max_decode_slowdown,
     )
     engine.warm_up()
     return engine

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
+from ...argtypes import number
 from ...errors import require
 from ...models.registry import DEFAULT_MODEL
 from ..report_kit import environment, markdown_table, meta_lines
@@ -74,6 +75,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
         f"greedy, max_new_tokens {args.max_new_tokens}, closed loop of C requests in flight; each "
         "engine first serves C other questions of the suite untimed (steady state)",
         "max batch tokens": args.max_batch_tokens,
+        "max decode slowdown": args.max_decode_slowdown,
         "reference": "each request decoded alone by HF generate (greedy)",
         "repeats": f"{args.repeats} (interleaved: every method at one concurrency, then the next; the order of the "
         "methods rotates per repeat; tok/s is the median run, 'vs engine' the median of the per-repeat ratios, "
@@ -137,11 +139,20 @@ def _scenario(args, target, questions, prompts, warmup, console) -> int:
         reference = run_hf_generate(target, prompts, args.max_new_tokens)["tokens"]  # also warms every kernel up
         concurrency = _ints(args.concurrency, "--concurrency")
         table = paired(
-            target, prompts, methods, concurrency, args.max_new_tokens, args.max_batch_tokens, warmup, reference
+            target,
+            prompts,
+            methods,
+            concurrency,
+            args.max_new_tokens,
+            args.max_batch_tokens,
+            warmup,
+            reference,
+            args.max_decode_slowdown,
         )
         settings = (
             f"{len(prompts)} requests (first turns of suite '{args.suite}'), max_new_tokens {args.max_new_tokens}, "
-            f"max batch tokens {args.max_batch_tokens}, greedy; per concurrency C one engine per method, warmed up "
+            f"max batch tokens {args.max_batch_tokens}, max decode slowdown {args.max_decode_slowdown}, greedy; "
+            "per concurrency C one engine per method, warmed up "
             "on C other questions, the requests in slices of 2 x C, each slice run by every method in turn (closed "
             "loop of C, order rotated per slice); a second plain engine runs every slice as the A/A control (the "
             "ratios two identical engines read); intervals: ~95 % over the per-slice ratios (t on their logs)"
@@ -225,6 +236,7 @@ def _run(method: str, c: int, target, draft, prompts, args, notes: list[str], wa
         draft=draft,
         warmup=warmup,
         max_batch_tokens=args.max_batch_tokens,
+        max_decode_slowdown=args.max_decode_slowdown,
         packed_weights=not args.hf_kernels,
     )
 
@@ -243,6 +255,12 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--per-category", type=int)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-batch-tokens", type=int, default=256)
+    p.add_argument(
+        "--max-decode-slowdown",
+        type=number,
+        default=float("inf"),
+        help="the engine's bound on how much dearer than a decode-only step a step reading prompts may get (as serve)",
+    )
     p.add_argument(
         "--repeats",
         type=int,

@@ -141,6 +141,7 @@ def paired(
     max_batch_tokens: int,
     warmup: list[list[int]],
     reference: list[list[int]],
+    max_decode_slowdown: float = math.inf,
 ) -> dict:
     """Per method and concurrency (and the A/A control, a second `engine`): output tok/s over all slices, its ratio
     to `engine` over all slices, the median of the per-slice ratios and their ~95 % interval, and how many outputs
@@ -149,7 +150,13 @@ def paired(
     arms = [*methods, CONTROL]
     for c in concurrency:
         engines = {
-            m: make_engine(target, engine_drafter(m) if m != CONTROL else "none", c, max_batch_tokens=max_batch_tokens)
+            m: make_engine(
+                target,
+                engine_drafter(m) if m != CONTROL else "none",
+                c,
+                max_batch_tokens=max_batch_tokens,
+                max_decode_slowdown=max_decode_slowdown,
+            )
             for m in arms
         }
         for engine in engines.values():  # a server's steady state: step costs and acceptance already learned
