@@ -41,11 +41,10 @@ class SchedulerConfig:
     budget beside the streams, as vLLM's and OpenVINO GenAI's chunked prefill do, which reads prompts in fewer steps,
     each step's fixed cost shared by more rows: more throughput and sooner first tokens; a finite bound, 2 say, keeps
     every stream's next token within that many decode steps' time, at the price of prompts read in more, smaller
-    steps); `kv_cache_bytes`: the most bytes of keys/values the
-    engine holds (running requests' slots and the prefix cache together; None: half the memory available when the
-    engine starts); `policy`: "fcfs" (requests are admitted in arrival order; the newest admitted is preempted
-    first) or "priority" (vLLM's priority scheduling: requests are admitted, and preempted last, in order of their
-    priority, lower first, then arrival)."""
+    steps); `kv_cache_bytes`: the most bytes of keys/values the engine holds (running requests' slots and the prefix
+    cache together; None: half the memory available when the engine starts); `policy`: "fcfs" (requests are
+    admitted in arrival order; the newest admitted is preempted first) or "priority" (vLLM's priority scheduling:
+    requests are admitted, and preempted last, in order of their priority, lower first, then arrival)."""
 
     max_batch_tokens: int = 256
     max_sequences: int = 32

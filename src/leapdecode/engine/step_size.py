@@ -1,8 +1,7 @@
 """How many rows a step takes, from measured step costs (controller.StepCost): how many prompt rows ride along
 beside the streams (SARATHI's chunked prefill: the step's row budget, or, under a bound on how much dearer the
-streams' step may get, fewer), and how many
-streams a plain step serves (a forward's cost rises in stairs, and one stream past a stair's edge can cost more
-than it gives)."""
+streams' step may get, fewer), and how many streams a plain step serves (a forward's cost rises in stairs, and one
+stream past a stair's edge can cost more than it gives)."""
 
 from __future__ import annotations
 

@@ -152,9 +152,8 @@ def _scenario(args, target, questions, prompts, warmup, console) -> int:
         settings = (
             f"{len(prompts)} requests (first turns of suite '{args.suite}'), max_new_tokens {args.max_new_tokens}, "
             f"max batch tokens {args.max_batch_tokens}, max decode slowdown {args.max_decode_slowdown}, greedy; "
-            "per concurrency C one engine per method, warmed up "
-            "on C other questions, the requests in slices of 2 x C, each slice run by every method in turn (closed "
-            "loop of C, order rotated per slice); a second plain engine runs every slice as the A/A control (the "
+            "per concurrency C one engine per method, warmed up on C other questions, the requests in slices of 2 x C, "
+            "each slice run by every method in turn (closed loop of C, order rotated per slice); a second plain engine runs every slice as the A/A control (the "
             "ratios two identical engines read); intervals: ~95 % over the per-slice ratios (t on their logs)"
         )
     else:
