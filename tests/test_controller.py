@@ -93,8 +93,27 @@ def test_step_costs_ignore_empty_measurements_and_average_with_decay():
     costs.record(2, 0.0)  # no time
     assert not costs and 0 not in costs and 2 not in costs
     costs.record(4, 1.0)
-    costs.record(4, 2.0)
-    assert costs.seconds == {4: COST_DECAY * 1.0 + (1 - COST_DECAY) * 2.0}
+    costs.record(4, 1.4)
+    assert costs.seconds == {4: COST_DECAY * 1.0 + (1 - COST_DECAY) * 1.4}
+
+
+def test_a_slow_step_moves_its_size_s_cost_by_a_clipped_share_and_a_real_rise_still_comes_through():
+    """A step's time has one-sided noise: a sample counts for at most COST_SPIKE times the size's estimate, so one
+    stall (here ten times a step) cannot double a size's cost and price every draft out; a lasting rise is followed."""
+    from leapdecode.controller import COST_DECAY, COST_SPIKE, StepCost
+
+    costs = StepCost()
+    costs.record(2, 0.005)
+    costs.record(2, 0.050)  # a stall
+    assert costs.seconds[2] == COST_DECAY * 0.005 + (1 - COST_DECAY) * COST_SPIKE * 0.005
+    assert costs.seconds[2] < 1.2 * 0.005
+    costs.record(2, 0.004)  # faster samples are never clipped
+    assert costs.seconds[2] == COST_DECAY * (COST_DECAY * 0.005 + (1 - COST_DECAY) * COST_SPIKE * 0.005) + (
+        1 - COST_DECAY
+    ) * 0.004
+    for _ in range(30):  # the machine really got twice as slow: the estimate gets there
+        costs.record(2, 0.010)
+    assert abs(costs.seconds[2] - 0.010) < 1e-6
 
 
 def test_a_size_measured_once_in_a_slow_moment_never_looks_dearer_than_larger_sizes():

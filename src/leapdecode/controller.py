@@ -26,6 +26,7 @@ PRIOR_ACCEPTANCE = 0.6  # a before any evidence ...
 PRIOR_WEIGHT = 2.0  # ... worth this many observed draft tokens
 DECAY = 0.9  # per step, for the acceptance counts
 COST_DECAY = 0.7  # weight of the old estimate in each per-size cost average
+COST_SPIKE = 1.5  # a new sample counts for at most this multiple of its size's estimate
 REPROBE_STEPS = 32  # plain steps in a row before one draft is tried again
 
 
@@ -36,7 +37,13 @@ class StepCost:
     Estimates are read through a monotone envelope: R rows cost at most what any measured larger size costs. A forward
     over fewer rows does not cost more, so a size measured once in a slow moment (the first call at a new row count
     builds its kernel routes; the machine was busy) cannot look dearer than larger ones: otherwise the planner would
-    avoid that size and never measure it again."""
+    avoid that size and never measure it again.
+
+    A step's time has one-sided noise: a busy machine, a page fault or a thread woken late only ever add to it. So a
+    sample enters its size's average clipped at COST_SPIKE times the estimate: one slow step moves a size's cost by
+    a few percent, not by half, while a real rise still comes through over a few steps. A spike in the one-row cost
+    would otherwise read as drafts gone cheap, and one in the two-row cost as drafts gone dear, and drafts cut for
+    that reason leave the size unmeasured, the spike in place."""
 
     def __init__(self):
         self.seconds: dict[int, float] = {}
@@ -51,7 +58,9 @@ class StepCost:
     def record(self, rows: int, seconds: float) -> None:
         if rows > 0 and seconds > 0:
             old = self.seconds.get(rows)
-            self.seconds[rows] = seconds if old is None else COST_DECAY * old + (1 - COST_DECAY) * seconds
+            if old is not None:
+                seconds = COST_DECAY * old + (1 - COST_DECAY) * min(seconds, COST_SPIKE * old)
+            self.seconds[rows] = seconds
             self._envelope = None
 
     def envelope(self) -> dict[int, float]:
