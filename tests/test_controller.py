@@ -108,9 +108,10 @@ def test_a_slow_step_moves_its_size_s_cost_by_a_clipped_share_and_a_real_rise_st
     assert costs.seconds[2] == COST_DECAY * 0.005 + (1 - COST_DECAY) * COST_SPIKE * 0.005
     assert costs.seconds[2] < 1.2 * 0.005
     costs.record(2, 0.004)  # faster samples are never clipped
-    assert costs.seconds[2] == COST_DECAY * (COST_DECAY * 0.005 + (1 - COST_DECAY) * COST_SPIKE * 0.005) + (
-        1 - COST_DECAY
-    ) * 0.004
+    assert (
+        costs.seconds[2]
+        == COST_DECAY * (COST_DECAY * 0.005 + (1 - COST_DECAY) * COST_SPIKE * 0.005) + (1 - COST_DECAY) * 0.004
+    )
     for _ in range(30):  # the machine really got twice as slow: the estimate gets there
         costs.record(2, 0.010)
     assert abs(costs.seconds[2] - 0.010) < 1e-6
