@@ -40,10 +40,10 @@ class StepCost:
     avoid that size and never measure it again.
 
     A step's time has one-sided noise: a busy machine, a page fault or a thread woken late only ever add to it. So a
-    sample enters its size's average clipped at COST_SPIKE times the estimate: one slow step moves a size's cost by
-    a few percent, not by half, while a real rise still comes through over a few steps. A spike in the one-row cost
-    would otherwise read as drafts gone cheap, and one in the two-row cost as drafts gone dear, and drafts cut for
-    that reason leave the size unmeasured, the spike in place."""
+    sample enters its size's average clipped at COST_SPIKE times the estimate: one slow step raises a size's cost by
+    15 % at most, not by half or more, while a real rise still comes through over a few steps. A spike in the
+    one-row cost would otherwise read as drafts gone cheap, and one in the two-row cost as drafts gone dear, and
+    drafts cut for that reason leave the size unmeasured, the spike in place."""
 
     def __init__(self):
         self.seconds: dict[int, float] = {}
