@@ -372,10 +372,29 @@ def test_the_engine_in_process_runs_bench_serves_load_in_a_process_of_its_own(tm
     assert broken["rows"] == [] and broken["error"].startswith("failed: ")
 
 
+class FakeWorker:
+    """serve_inprocess.Worker's interface, recording its turns; 5 tok/s times the round."""
+
+    label = "engine (fake)"
+
+    def __init__(self, model_dir, args, calls):
+        self.calls = calls
+
+    def start(self, say=print):
+        return {"label": self.label, "peer": "in-process"}
+
+    def measure(self, level, round_):
+        self.calls.append((self.label, [level], round_))
+        return {"concurrency": level, "output_tokens_per_s": 5.0 * round_}
+
+    def stop(self):
+        self.calls.append((self.label, "stopped", None))
+
+
 def test_rounds_measure_leapdecodes_two_servers_in_turns_and_pair_their_ratios(stub, tmp_path, monkeypatch):
-    """--rounds 3: both leapdecode servers are up together and each level is measured on one then the other, the
-    order reversed every other round; the peers run once, one at a time; rows keep every round's tok/s, and the
-    report pairs on ÷ off per round (computed from those very rounds)."""
+    """--rounds 3: both leapdecode servers and the engine in process are up together and each level is measured on
+    one after the other, the order reversed every other round; the peers run once, one at a time; rows keep every
+    round's tok/s, and the report pairs on ÷ off and server ÷ engine per round (computed from those very rounds)."""
     calls = []
 
     def fake_plan(peers, model_dir, args):
@@ -393,22 +412,23 @@ def test_rounds_measure_leapdecodes_two_servers_in_turns_and_pair_their_ratios(s
 
     monkeypatch.setattr(serve_peers, "plan", fake_plan)
     monkeypatch.setattr(serve, "bench_url", recording_bench_url)
-    monkeypatch.setattr(serve_inprocess, "run", lambda *a: {"label": "engine", "peer": "in-process", "rows": []})
+    monkeypatch.setattr(serve_inprocess, "Worker", lambda model_dir, args: FakeWorker(model_dir, args, calls))
     (tmp_path / "config.json").write_text("{}")
     argv = ["bench-serve", "--compare", "leapdecode,vllm", "--model-dir", str(tmp_path), "--rounds", "3"]
     argv += ["--concurrency", "1,2", "--num-prompts", "2", "--max-tokens", "6", "--suite", "quick"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
 
-    on, off = "leapdecode serve (speculation on: auto)", "leapdecode serve (speculation off)"
+    on, off, engine = "leapdecode serve (speculation on: auto)", "leapdecode serve (speculation off)", "engine (fake)"
     expected = []
     for r in range(3):
-        order = [on, off] if r % 2 == 0 else [off, on]
+        order = [on, off, engine] if r % 2 == 0 else [engine, off, on]
         expected += [(label, [level], r + 1) for level in (1, 2) for label in order]
-    assert calls == expected + [("vllm serve (stub)", None, 1)]
+    assert calls == expected + [(engine, "stopped", None), ("vllm serve (stub)", None, 1)]
 
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["settings"]["rounds"] == 3
-    ours_on, ours_off, vllm, _ = data["results"]
+    ours_on, ours_off, in_process, vllm = data["results"]
+    assert [row["rounds_output_tokens_per_s"] for row in in_process["rows"]] == [[5.0, 10.0, 15.0]] * 2
     for res, tokens in ((ours_on, 6), (ours_off, 3)):
         assert [row["concurrency"] for row in res["rows"]] == [1, 2]
         for row in res["rows"]:
@@ -421,6 +441,13 @@ def test_rounds_measure_leapdecodes_two_servers_in_turns_and_pair_their_ratios(s
         ratios = [x / y for x, y in zip(a["rounds_output_tokens_per_s"], b["rounds_output_tokens_per_s"])]
         line = f"| {a['concurrency']} | " + ", ".join(f"{x:.2f}" for x in ratios)
         assert line in report
+    assert "Server ÷ engine in process, measured in the same turns" in report
+    for res in (ours_on, ours_off):
+        section = report.split(f"\n{res['label']}:\n", 1)[1]
+        for row in res["rows"]:
+            ratios = [x / (5.0 * (r + 1)) for r, x in enumerate(row["rounds_output_tokens_per_s"])]
+            assert f"| {row['concurrency']} | " + ", ".join(f"{x:.2f}" for x in ratios) in section
+            assert row["ratio_to_in-process"] == round(row["output_tokens_per_s"] / 10.0, 2)  # the engine's median
 
 
 def test_rounds_report_a_server_that_cannot_start_and_measure_the_other(stub):

@@ -26,7 +26,7 @@ import sys
 import time
 
 from ...errors import require
-from . import serve_peers, serve_rounds
+from . import serve_inprocess, serve_peers, serve_rounds
 from .serve_common import _levels, _pct, level_prompts, load_prompts, streamed_call
 
 
@@ -361,20 +361,23 @@ def compare(args, save_partial=None) -> tuple[list[dict], dict]:
             serve_peers.add_ratios(results)
             save_partial(results, host)
 
-    if args.rounds > 1:  # leapdecode's servers in turns, then the peers one at a time
+    in_process = "leapdecode" in peers and not args.rate  # the engine without HTTP on the same load (closed loop)
+    if args.rounds > 1:  # leapdecode's servers and the engine in turns, then the peers one at a time
         ours = [s for s in servers if s.peer == "leapdecode"]
 
         def measure_level(url: str, model: str, label: str, level: int, round_: int) -> dict:
             return measure(url, model, label, levels=[level], round_=round_)["rows"][0]
 
-        results = serve_rounds.run_interleaved(ours, measure_level, _levels(args.concurrency), args.rounds)
+        engine = serve_inprocess.Worker(model_dir, args) if in_process else None  # in the same turns
+        results = serve_rounds.run_interleaved(
+            ours, measure_level, _levels(args.concurrency), args.rounds, engine=engine
+        )
         results += serve_peers.run_servers([s for s in servers if s.peer != "leapdecode"], measure)
     else:
         results = serve_peers.run_servers(servers, measure, on_result=partial)
-    if "leapdecode" in peers and not args.rate:  # the engine without HTTP on the same load (closed loop only)
-        from . import serve_inprocess
-
-        results.append(serve_inprocess.run(model_dir, args))
+        if in_process:
+            results.append(serve_inprocess.run(model_dir, args))
+    if in_process:
         serve_peers.add_ratios(results, "in-process")
     serve_peers.add_ratios(results)
     return results, host

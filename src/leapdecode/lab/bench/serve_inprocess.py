@@ -1,10 +1,14 @@
 """The engine without HTTP, on bench-serve's own load: what serving costs, measured in the same run.
 
-`bench-serve --compare leapdecode` measures `leapdecode serve` through HTTP with the `openai` client. After the
-servers have stopped, this runs the same prompts (same order, the same chat messages, max tokens and closed loop of C
-requests in flight, level after level, as many rounds) through an Engine built as `leapdecode serve --drafter none`
-builds it, warmed up the same way, in a process of its own with the same threads. A server's rate over this one is
-what the serving path costs: HTTP, the event loop, streaming, and the client process sharing the cores."""
+`bench-serve --compare leapdecode` measures `leapdecode serve` through HTTP with the `openai` client. This runs the
+same prompts (same order, the same chat messages, max tokens and closed loop of C requests in flight) through an
+Engine built as `leapdecode serve --drafter none` builds it, warmed up the same way, in a process of its own with the
+same threads. A server's rate over this one is what the serving path costs: HTTP, the event loop, streaming, and the
+client process sharing the cores.
+
+The process is a worker that stays up and measures one level when asked (a JSON line in, a row out), so that with
+`--rounds N` it takes its turn beside the servers in every round (serve_rounds.py) and server ÷ engine is paired per
+round like speculation on ÷ off; without rounds it measures every level once the servers have stopped."""
 
 from __future__ import annotations
 
@@ -13,47 +17,107 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 
 LABEL = "leapdecode engine in process (no HTTP; speculation off)"
 
 
+class Worker:
+    """The engine's process, driven level by level: `start` (→ the report entry, with an error where it could not
+    start), `measure(level, round)` (→ one row in bench-serve's columns), `stop`."""
+
+    def __init__(self, model_dir: str, args):
+        from .serve_common import _levels, load_prompts
+        from .serve_peers import _thread_env
+
+        prompts = load_prompts(args.suite)
+        random.Random(args.seed).shuffle(prompts)  # bench_url's order; its first prompt is also the warm-up
+        self.spec = {
+            "model": model_dir,
+            "prompts": prompts,
+            "num_prompts": args.num_prompts,
+            "max_tokens": args.max_tokens,
+            "threads": args.threads,
+            "distinct": not getattr(args, "repeat_prompts", False),
+            "json_object": getattr(args, "json_object", False),
+        }
+        self.levels = _levels(args.concurrency)
+        self.rounds = getattr(args, "rounds", 1)
+        self.command = [sys.executable, "-m", __name__]
+        self.label = LABEL
+        self.entry = {
+            "label": LABEL,
+            "peer": "in-process",
+            "command": " ".join(self.command) + " < SPEC.json",  # the spec (prompts, max tokens) on stdin
+            "env": _thread_env(args.threads),
+        }
+        self.proc = None
+
+    def start(self, say=print) -> dict:
+        say(f"starting {LABEL}")
+        self.log = tempfile.TemporaryFile("w+")  # its stderr: a pipe nobody reads would fill and stall it
+        self.proc = subprocess.Popen(
+            self.command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, **self.entry["env"]},
+        )
+        try:
+            self._ask(self.spec)  # → {"ready": true} once built and warmed up
+        except RuntimeError as e:
+            self.stop()
+            return dict(self.entry, error=f"failed: {e}", rows=[])
+        return dict(self.entry)
+
+    def measure(self, level: int, round_: int) -> dict:
+        return self._ask({"level": level, "round": round_})
+
+    def _ask(self, message: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            self.log.seek(0)
+            raise RuntimeError((self.log.read().strip().splitlines() or ["no output"])[-1][:300])
+        return json.loads(line)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
 def run(model_dir: str, args, say=print) -> dict:
-    """The in-process result for the report ({label, peer, command, rows}, or an error), from a fresh process."""
-    from .serve_common import _levels, load_prompts
-    from .serve_peers import _thread_env
+    """The in-process result for the report ({label, peer, command, env, rows}, or an error): every level, round
+    after round, from one worker."""
+    from .serve_rounds import median_row
 
-    prompts = load_prompts(args.suite)
-    random.Random(args.seed).shuffle(prompts)  # bench_url's order; its first prompt is also the warm-up
-    spec = {
-        "model": model_dir,
-        "prompts": prompts,
-        "num_prompts": args.num_prompts,
-        "levels": _levels(args.concurrency),
-        "max_tokens": args.max_tokens,
-        "threads": args.threads,
-        "rounds": getattr(args, "rounds", 1),
-        "distinct": not getattr(args, "repeat_prompts", False),
-        "json_object": getattr(args, "json_object", False),
-    }
-    command = [sys.executable, "-m", __name__]
-    base = {
-        "label": LABEL,
-        "peer": "in-process",
-        "command": " ".join(command) + " < SPEC.json",  # the spec (prompts, levels, max tokens) on stdin
-        "env": _thread_env(args.threads),
-    }
-    say(f"running {LABEL}")
-    done = subprocess.run(
-        command, input=json.dumps(spec), capture_output=True, text=True, env={**os.environ, **base["env"]}
-    )
-    if done.returncode != 0:
-        return dict(base, error=f"failed: {(done.stderr.strip().splitlines() or ['no output'])[-1][:300]}", rows=[])
-    return dict(base, rows=json.loads(done.stdout.strip().splitlines()[-1]))
+    worker = Worker(model_dir, args)
+    entry = worker.start(say)
+    if "error" in entry:
+        return entry
+    try:
+        rows = [worker.measure(c, r) for r in range(1, worker.rounds + 1) for c in worker.levels]
+    except RuntimeError as e:
+        return dict(entry, error=f"failed while measured: {e}", rows=[])
+    finally:
+        worker.stop()
+    return dict(entry, rows=[median_row([row for row in rows if row["concurrency"] == c]) for c in worker.levels])
 
 
-def measure(spec: dict) -> list[dict]:
-    """Rows in bench-serve's columns, one per level (its median round, with every round's tok/s, as serve_rounds
-    keeps for the servers), from one Engine kept across levels and rounds (as a server is)."""
+def serve_requests(requests, answer) -> None:
+    """The worker's loop: the spec, then one level per line, each answered on one line of stdout (everything else
+    the engine prints goes to stderr)."""
     import argparse
 
     import torch
@@ -62,8 +126,8 @@ def measure(spec: dict) -> list[dict]:
     from ...serve.cli import add_serve, engine_options
     from .batch import closed_loop
     from .serve_common import level_prompts
-    from .serve_rounds import median_row
 
+    spec = json.loads(next(requests))
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     parser = argparse.ArgumentParser()
@@ -74,16 +138,13 @@ def measure(spec: dict) -> list[dict]:
     chat = lambda text: [{"role": "user", "content": text}]  # noqa: E731
     shape = {"structured_output": {"json_object": True}} if spec.get("json_object") else {}
     engine.generate_many([chat(spec["prompts"][0])], max_new_tokens=spec["max_tokens"], **shape)  # the warm-up
-    rows = []
-    for round_ in range(1, spec.get("rounds", 1) + 1):
-        for c in spec["levels"]:
-            texts = level_prompts(spec["prompts"], spec["num_prompts"], c, round_, spec.get("distinct", True))
-            rows.append(
-                _row(
-                    c, round_, len(texts), closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"], **shape)
-                )
-            )
-    return [median_row([row for row in rows if row["concurrency"] == c]) for c in spec["levels"]]
+    answer({"ready": True})
+    for line in requests:
+        ask = json.loads(line)
+        c, round_ = ask["level"], ask["round"]
+        texts = level_prompts(spec["prompts"], spec["num_prompts"], c, round_, spec.get("distinct", True))
+        record = closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"], **shape)
+        answer(_row(c, round_, len(texts), record))
 
 
 def _row(c: int, round_: int, requests: int, record: dict) -> dict:
@@ -107,5 +168,16 @@ def _row(c: int, round_: int, requests: int, record: dict) -> dict:
     }
 
 
+def _main() -> None:
+    out = sys.stdout
+    sys.stdout = sys.stderr  # the protocol owns stdout
+
+    def answer(message: dict) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    serve_requests(iter(sys.stdin.readline, ""), answer)
+
+
 if __name__ == "__main__":
-    print(json.dumps(measure(json.load(sys.stdin))))
+    _main()
