@@ -95,6 +95,7 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait()
             self.proc = None
+            self.log.close()
 
 
 def run(model_dir: str, args, say=print) -> dict:
