@@ -167,6 +167,18 @@ def add_serve(sub) -> None:
     p.add_argument(
         "--ray-max-replicas", type=_int, help="with --ray-replicas: autoscale between N and this many replicas"
     )
+    p.add_argument(
+        "--loop",
+        default="asyncio",
+        choices=("asyncio", "uvloop"),
+        help="uvicorn's event loop (default asyncio; uvloop if installed)",
+    )
+    p.add_argument(
+        "--http",
+        default="h11",
+        choices=("h11", "httptools"),
+        help="uvicorn's HTTP/1.1 implementation (default h11; httptools if installed)",
+    )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run_serve)
 
@@ -215,7 +227,7 @@ def run_serve(args) -> int:
 
     from ..engine import Engine
     from .app import create_app
-    from .server import DrainingServer, uvicorn_config
+    from .server import DrainingServer, check_runtime, uvicorn_config
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("leapdecode").setLevel(args.log_level.upper())
@@ -223,6 +235,7 @@ def run_serve(args) -> int:
         require(args.threads > 0, f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     check_port(args.host, args.port)
+    check_runtime(args.loop, args.http)
     engine = Engine(args.model, **engine_options(args))
     engine.warm_up()  # the one-off preparation now, not in the first request
     app = create_app(
@@ -235,11 +248,12 @@ def run_serve(args) -> int:
     state = app.state.server
     print(
         f"leapdecode serve: {state.model_name} (drafter {state.drafter}, context {engine.context_length}) on "
-        f"http://{args.host}:{args.port}/v1" + (" (API key required)" if state.api_key else ""),
+        f"http://{args.host}:{args.port}/v1 ({args.loop}, {args.http})"
+        + (" (API key required)" if state.api_key else ""),
         flush=True,
     )
     try:
-        DrainingServer(uvicorn_config(app, args.host, args.port, args.log_level)).run()
+        DrainingServer(uvicorn_config(app, args.host, args.port, args.log_level, args.loop, args.http)).run()
     finally:
         state.close()
     return 0

@@ -24,16 +24,33 @@ def _server_state(app):
     return getattr(getattr(app, "state", None), "server", None)
 
 
-def uvicorn_config(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> uvicorn.Config:
-    # the asyncio loop and h11: the same everywhere, whatever optional speedups happen to be installed
+def check_runtime(loop: str, http: str) -> None:
+    """A one-line error for an event loop or HTTP implementation that is not installed."""
+    from importlib.util import find_spec
+
+    from ..errors import require
+
+    for name in (loop, http):
+        require(
+            name in ("asyncio", "h11") or find_spec(name) is not None, f"{name} is not installed: pip install {name}"
+        )
+
+
+def uvicorn_config(
+    app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning", loop: str = "asyncio", http: str = "h11"
+) -> uvicorn.Config:
+    """uvicorn's settings for a leapdecode app. `loop` and `http` are uvicorn's; the default asyncio and h11 are the
+    same everywhere, whatever optional speedups happen to be installed (uvloop and httptools measured no faster beside
+    the engine on 2 cores: docs/serving.md)."""
+    check_runtime(loop, http)
     state = _server_state(app)
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
-        loop="asyncio",
-        http="h11",
+        loop=loop,
+        http=http,
         timeout_keep_alive=30,
         backlog=2048,
         timeout_graceful_shutdown=state.limits.shutdown_timeout if state is not None else None,
@@ -54,9 +71,9 @@ class DrainingServer(uvicorn.Server):
 class BackgroundServer:
     """`with BackgroundServer(app) as url:` serves `app` on a free port of 127.0.0.1 in a thread, for the block."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning"):
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning", **config):
         self.host, self.port = host, port or free_port(host)
-        self.server = DrainingServer(uvicorn_config(app, self.host, self.port, log_level))
+        self.server = DrainingServer(uvicorn_config(app, self.host, self.port, log_level, **config))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
     @property
