@@ -12,13 +12,14 @@ from leapdecode.serve.server import BackgroundServer
 
 
 @contextlib.contextmanager
-def served(target, app_options: dict | None = None, **engine_options):
+def served(target, app_options: dict | None = None, server_options: dict | None = None, **engine_options):
     """(base URL, ServerState) of a server on `target` named "tiny" (drafting by prompt lookup unless
-    `engine_options` say otherwise; `app_options`: create_app's), in a background thread, stopped after."""
+    `engine_options` say otherwise; `app_options`: create_app's; `server_options`: uvicorn's loop and http), in a
+    background thread, stopped after."""
     engine = Engine(target, **{"drafter": "prompt-lookup", **engine_options})
     app = create_app(engine, served_model_name="tiny", **(app_options or {}))
     try:
-        with BackgroundServer(app) as url:
+        with BackgroundServer(app, **(server_options or {})) as url:
             yield url, app.state.server
     finally:
         app.state.server.close()

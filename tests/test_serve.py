@@ -503,23 +503,17 @@ def test_uvloop_and_httptools_serve_the_same_stream(target):
     """`leapdecode serve --loop uvloop --http httptools`: the same tokens, chunks and errors as the default asyncio/h11."""
     pytest.importorskip("uvloop")
     pytest.importorskip("httptools")
-    app = create_app(Engine(target, drafter="prompt-lookup"), served_model_name="tiny")
-    try:
-        with BackgroundServer(app, loop="uvloop", http="httptools") as url:
-            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-            ref = solo(target, PROMPTS[1], 24)
-            messages = [{"role": "user", "content": PROMPTS[1]}]
-            chunks = list(
-                client.chat.completions.create(
-                    model="tiny", messages=messages, max_tokens=24, temperature=0, stream=True
-                )
-            )
-            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
-            whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24, temperature=0)
-            assert whole.choices[0].message.content == ref.text
-            assert_openai_error(httpx.post(url + "/v1/chat/completions", json={"model": "tiny"}), 400)
-    finally:
-        app.state.server.close()
+    with served(target, server_options=dict(loop="uvloop", http="httptools")) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        ref = solo(target, PROMPTS[1], 24)
+        messages = [{"role": "user", "content": PROMPTS[1]}]
+        chunks = list(
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=24, temperature=0, stream=True)
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+        whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24, temperature=0)
+        assert whole.choices[0].message.content == ref.text
+        assert_openai_error(httpx.post(url + "/v1/chat/completions", json={"model": "tiny"}), 400)
 
 
 def test_a_runtime_that_is_not_installed_is_one_clear_error(monkeypatch):
