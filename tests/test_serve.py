@@ -500,7 +500,7 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(server, client
 
 
 def test_uvloop_and_httptools_serve_the_same_stream(target):
-    """`leapdecode serve --loop uvloop --http httptools`: the same tokens, chunks and errors as the default asyncio/h11."""
+    """`leapdecode serve --loop uvloop --http httptools`: the streamed and whole answers are solo greedy, errors the same."""
     pytest.importorskip("uvloop")
     pytest.importorskip("httptools")
     with served(target, server_options=dict(loop="uvloop", http="httptools")) as (url, _):
