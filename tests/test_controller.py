@@ -192,3 +192,31 @@ def test_plain_steps_are_counted_exactly_and_reset_by_a_draft():
     c.forward_seconds = dict.fromkeys(range(1, 18), 1.0)  # now rows are free: a draft resets the count
     c.update(0, 0, 1, 1.0)
     assert c.k > 0 and c.plain_steps == 0
+
+
+def test_a_draft_made_ahead_is_verified_on_a_reprobe_though_its_costs_rule_it_out():
+    """Drafters that draft ahead (the head, prompt lookup) let `choose` cut their draft and `floor` stop it early: an
+    inflated cost of two rows (one slow first sample, never timed again) ruled every draft out for good. A reprobe
+    verifies up to k_init of the draft with no floor, once per REPROBE_STEPS plain steps, then the estimates rule
+    again."""
+    from leapdecode.controller import REPROBE_STEPS
+
+    c = DraftLengthController(k_init=3)
+    c.forward_seconds = {1: 1.0, 2: 3.0}  # two rows look three times dearer than one
+    chain = (0.6, 0.3, 0.12, 0.04, 0.01)  # the chance that its first j + 1 tokens are all accepted
+    assert c.floor() >= 1.0 and c.choose(chain) == 0  # no draft can pay: nothing would ever re-time two rows
+    for _ in range(REPROBE_STEPS - 1):
+        c.update(0, 0, 1, 1.0)
+        assert c.floor() >= 1.0 and c.choose(chain) == 0
+    c.update(0, 0, 1, 1.0)  # the REPROBE_STEPS-th plain step in a row
+    assert (c.floor(), c.choose(chain), c.choose(chain[:2])) == (0.0, 3, 2)
+    c.update(3, 3, 4, 1.2)  # the reprobe's forward of 4 rows is timed; the estimates rule the next step again
+    assert c.floor() > 0.0 and not c.reprobing
+    assert c.choose(chain) > 0  # 4 rows timed at 1.2 s: the envelope caps two rows' cost there, drafts pay again
+
+
+def test_a_fixed_draft_length_never_reprobes():
+    c = DraftLengthController(k_init=2, adaptive=False)
+    for _ in range(100):
+        c.update(0, 0, 1, 1.0)
+    assert not c.reprobing and c.choose((0.1, 0.1, 0.1)) == 3

@@ -355,6 +355,30 @@ def test_drafts_must_beat_the_plain_step_that_serves_fewer_streams():
     assert sum(scheduler._draft_lengths(list(scheduler.running), 256)) == 5
 
 
+def test_drafts_the_costs_rule_out_are_verified_once_every_reprobe_steps():
+    """One stream, two rows timed once three times dearer than one (a slow moment; nothing but a draft visits two
+    rows again): the plan drafts nothing where the gate asks for drafts, and after REPROBE_STEPS such steps one step
+    drafts k_init anyway, so that the estimate gets timed again; then the estimates rule again."""
+    from leapdecode.controller import REPROBE_STEPS
+
+    scheduler = make(draft=PLAIN)
+    add(scheduler, [5])
+    step(scheduler)
+    scheduler.costs, scheduler.gate.choose = StepCost(), lambda n: 1
+    scheduler.costs.seconds = {1: 1.0, 2: 3.0}
+    running = list(scheduler.running)
+    k_init = running[0].seq.controller.k_init
+    for _ in range(REPROBE_STEPS):
+        assert scheduler._draft_lengths(running, 256) == [0]
+    # k_init, within the rows the planner explores: up to twice the largest size measured (2 rows)
+    assert scheduler._draft_lengths(running, 256) == [min(k_init, 2 * 2 - 1)] == [3]
+    assert scheduler._draft_lengths(running, 256) == [0]
+    assert scheduler._draft_lengths(running, 1 + 2) == [0]  # the count starts again after a reprobe
+    scheduler.gate.choose = lambda n: 0  # plain steps the gate chose are not drafts the costs ruled out
+    for _ in range(2 * REPROBE_STEPS):
+        assert scheduler._draft_lengths(running, 256) == [0]
+
+
 def test_streams_are_all_served_where_costs_rise_smoothly_or_drafts_are_fixed():
     scheduler = make(draft=PLAIN)
     scheduler.costs = Linear()

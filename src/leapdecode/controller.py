@@ -5,7 +5,9 @@ and costs one target forward over k + 1 tokens plus k draft tokens. Both are mea
 the machine: on a CPU where verifying 8 tokens costs little more than verifying 2, drafts grow long; where drafting
 does not pay (low acceptance, costly verification), k = 0 and the step is plain decoding. The acceptance estimate
 decays towards its prior while nothing is drafted, and after REPROBE_STEPS plain steps one draft of k_init is tried, so
-stale estimates get refreshed. The choice of k never changes the output: greedy output stays that of plain greedy
+stale estimates get refreshed: also for a drafter that drafts ahead and lets the controller choose how much of it to
+verify (`choose`), whose drafts an inflated cost estimate would otherwise rule out for good (one slow first forward of
+two rows, never timed again, made a process's later calls on that model draft nothing). The choice of k never changes the output: greedy output stays that of plain greedy
 decoding for any k.
 
 Many sequences sharing one forward (the batched Engine) are planned by the same rule, `plan_draft_lengths`: the
@@ -169,6 +171,7 @@ class DraftLengthController:
     draft_seconds: float | None = field(default=None, init=False)  # per draft token
     plain_steps: int = field(default=0, init=False)  # k = 0 steps in a row
     drafted_last: bool = field(default=False, init=False)  # the previous step drafted
+    reprobing: bool = field(default=False, init=False)  # this step tries a draft whatever the estimates say
 
     def __post_init__(self) -> None:
         require(
@@ -211,6 +214,7 @@ class DraftLengthController:
         `forward_tokens` tokens that took `forward_seconds`; drafting took `draft_seconds`."""
         if not self.adaptive:
             return
+        self.reprobing = False
         self.accepted = self.accepted * DECAY + accepted
         self.rejected = self.rejected * DECAY + (accepted < proposed)
         self.costs.record(forward_tokens, forward_seconds)
@@ -231,7 +235,7 @@ class DraftLengthController:
         self.k = self.best_k()
         self.plain_steps = self.plain_steps + 1 if self.k == 0 else 0
         if self.plain_steps >= REPROBE_STEPS:  # estimates made while drafting may be stale: try once more
-            self.k, self.plain_steps = self.k_init, 0
+            self.k, self.plain_steps, self.reprobing = self.k_init, 0, True
 
     def best_k(self) -> int:
         return plan_draft_lengths(
@@ -244,8 +248,8 @@ class DraftLengthController:
         return self.k_max if self.adaptive else self.k
 
     def floor(self) -> float:
-        """`row_floor` for one request alone."""
-        return row_floor(self.costs, 1)
+        """`row_floor` for one request alone (0 on a reprobe: the drafter drafts as it would at no cost)."""
+        return 0.0 if self.reprobing else row_floor(self.costs, 1)
 
     def choose(self, chain: tuple[float, ...]) -> int:
         """How much of a draft made first (drafters that estimate acceptance) to verify: the prefix with the most
@@ -254,6 +258,8 @@ class DraftLengthController:
             return len(chain)
         if 1 not in self.costs:
             return 0
+        if self.reprobing:  # a draft made ahead is verified up to k_init on a reprobe, as next_k's drafts are
+            return min(len(chain), self.k_init)
         # costs beyond the largest measured forward are guessed flat (optimistic): explore at most twice as far
         cap = min(len(chain), 2 * max(self.costs.seconds) - 1)
         demand = DraftDemand(0.0, 0.0, cap, chain)  # drafting is done: its time is spent either way

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..controller import DraftDemand, DraftLengthController, StepCost, plan_draft_lengths, row_floor
+from ..controller import REPROBE_STEPS, DraftDemand, DraftLengthController, StepCost, plan_draft_lengths, row_floor
 from ..drafters import Drafter
 from ..drafters.prediction import with_prediction
 from ..errors import require
@@ -144,6 +144,10 @@ class Scheduler:
         # whether drafts have paid at this load, and which of the drafters' tiers, measured
         self.gate = SpeculationGate(tiers)
         self.arm = 0  # the gate's arm for this step's drafts
+        # steps in a row on which the gate chose drafts and the plan made none: after REPROBE_STEPS the next such step
+        # verifies drafts of up to k_init whatever the cost estimates say (as a request alone does, controller.py),
+        # since a size's cost timed once in a slow moment is only timed again by a step that visits it
+        self.void_drafting = 0
         self.drafted_ahead = False  # this step's drafters that estimate acceptance drafted (draft_ahead)
         self.prefix_cache = PrefixCache(0 if whole_prompts else min(config.prefix_cache_tokens, kv_tokens // 2))
         self.lock = threading.Lock()  # guards `incoming` (touched by other threads)
@@ -369,12 +373,13 @@ class Scheduler:
             DraftDemand(d.acceptance, 0.0, d.cap if r.seq.drafter.drafts else 0) for d, r in zip(demands, decoding)
         ]
         ahead = [i for i, r in enumerate(decoding) if r.seq.drafter.estimates_acceptance]
+        reprobe = self.void_drafting >= REPROBE_STEPS
         if ahead:  # these draft now, and the plan cuts their drafts by each token's estimated acceptance
             try:
                 chains = draft_ahead(
                     [decoding[i].seq for i in ahead],
                     [demands[i].cap for i in ahead],
-                    row_floor(self.costs, len(decoding)),
+                    0.0 if reprobe else row_floor(self.costs, len(decoding)),
                 )
             except Exception:  # noqa: BLE001 - _plan lets each draft alone, so the fault is found and kept to its request
                 chains = []
@@ -387,7 +392,7 @@ class Scheduler:
         # where no draft is made ahead, no drafts means a plain step that may serve fewer streams (_plan): drafts
         # must beat that step's rate, not only that of all streams served plain
         served = len(decoding) if self.drafted_ahead else self._streams_served(len(decoding))
-        return plan_draft_lengths(
+        lengths = plan_draft_lengths(
             demands,
             self.costs,
             base_rows=len(decoding),
@@ -395,6 +400,15 @@ class Scheduler:
             row_budget=row_budget,
             plain_rate=served / self.costs(served),
         )
+        if reprobe:
+            self.void_drafting, left = 0, row_budget - len(decoding)
+            for i, (d, r) in enumerate(zip(demands, decoding)):
+                cap = d.cap if d.chain is None else min(d.cap, len(d.chain))
+                lengths[i] = max(0, min(r.seq.controller.k_init, cap, left))
+                left -= lengths[i]
+        else:
+            self.void_drafting = 0 if any(lengths) else self.void_drafting + 1
+        return lengths
 
 
 def _rank(request: Request) -> tuple[int, int]:
