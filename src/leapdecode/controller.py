@@ -7,8 +7,8 @@ does not pay (low acceptance, costly verification), k = 0 and the step is plain 
 decays towards its prior while nothing is drafted, and after REPROBE_STEPS plain steps one draft of k_init is tried, so
 stale estimates get refreshed: also for a drafter that drafts ahead and lets the controller choose how much of it to
 verify (`choose`), whose drafts an inflated cost estimate would otherwise rule out for good (one slow first forward of
-two rows, never timed again, made a process's later calls on that model draft nothing). The choice of k never changes the output: greedy output stays that of plain greedy
-decoding for any k.
+two rows, never timed again, made a process's later calls on that model draft nothing). The choice of k never
+changes the output: greedy output stays that of plain greedy decoding for any k.
 
 Many sequences sharing one forward (the batched Engine) are planned by the same rule, `plan_draft_lengths`: the
 forward's cost is measured per total row count R, and draft tokens go where the expected accepted tokens are highest
