@@ -99,11 +99,16 @@ class DraftDemand:
     cap: int
     chain: tuple[float, ...] | None = None
 
+    @property
+    def most(self) -> int:
+        """The most draft tokens it can take: its cap, and no more than a draft made ahead holds."""
+        return self.cap if self.chain is None else min(self.cap, len(self.chain))
+
     def gain(self, k: int) -> float:
-        """Expected accepted tokens that the (k + 1)-th draft token adds; -1 past the cap."""
-        if self.chain is not None:
-            return self.chain[k] if k < min(self.cap, len(self.chain)) else -1.0
-        return self.acceptance ** (k + 1) if k < self.cap else -1.0
+        """Expected accepted tokens that the (k + 1)-th draft token adds; -1 past the most it can take."""
+        if k >= self.most:
+            return -1.0
+        return self.chain[k] if self.chain is not None else self.acceptance ** (k + 1)
 
 
 def plan_draft_lengths(
@@ -122,7 +127,7 @@ def plan_draft_lengths(
     included, these at `plain_rate` where that is more (the tokens a second of the plain step the caller runs when
     nothing is drafted, e.g. one serving fewer streams). Costs must hold at least one measurement."""
     ks = [0] * len(demands)
-    budget = sum(d.cap if d.chain is None else min(d.cap, len(d.chain)) for d in demands)
+    budget = sum(d.most for d in demands)
     if row_budget is not None:
         budget = min(budget, row_budget - base_rows)
     if budget <= 0:

@@ -403,8 +403,7 @@ class Scheduler:
         if reprobe:
             self.void_drafting, left = 0, row_budget - len(decoding)
             for i, (d, r) in enumerate(zip(demands, decoding)):
-                cap = d.cap if d.chain is None else min(d.cap, len(d.chain))
-                lengths[i] = max(0, min(r.seq.controller.k_init, cap, left))
+                lengths[i] = max(0, min(r.seq.controller.k_init, d.most, left))
                 left -= lengths[i]
         else:
             self.void_drafting = 0 if any(lengths) else self.void_drafting + 1
