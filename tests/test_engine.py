@@ -129,6 +129,7 @@ def test_batch_really_shares_forwards_and_drafts(target, draft):
     m = eng.metrics()
     assert m["steps"] < sum(len(r.token_ids) for r in results) / 2
     assert m["spec_decode_num_accepted_tokens"] > 0
+    assert m["step_seconds"] > m["forward_seconds"] > 0  # a step is its forward and more (drafting, verification)
 
 
 def test_streams_do_not_draft_beside_a_prompt_being_read(target, draft):

@@ -12,6 +12,7 @@ from tiny_hf import make_tiny_hf_dir
 from leapdecode.cli import main
 from leapdecode.engine import Engine
 from leapdecode.lab.bench.serve import _pct, server_commands
+from leapdecode.lab.bench.serve_common import scrape_step_counters, step_columns
 from leapdecode.models import resolve_model
 from leapdecode.serve.app import create_app
 from leapdecode.serve.server import BackgroundServer
@@ -61,8 +62,9 @@ def test_bench_serve_measures_every_level(url, tmp_path, capsys):
         assert row["ttft_p50_ms"] <= row["e2e_p99_ms"]
         assert row["output_tokens_per_s"] > 0 and row["requests_per_s"] > 0
         assert 0 < row["client_cpu_cores"] <= os.cpu_count()  # this process's CPU over the level (here, server too)
+        assert row["engine_steps"] > 0 and row["step_ms"] >= row["forward_ms"] > 0  # the server's /metrics
     report = (out / "report.md").read_text()
-    assert "| tiny | 1 |" in report and "TTFT p50 ms" in report
+    assert "| tiny | 1 |" in report and "TTFT p50 ms" in report and "engine step ms" in report
     for png in ("throughput.png", "ttft.png", "itl.png"):
         assert (out / png).stat().st_size > 1000
     assert "output tok/s" in capsys.readouterr().out
@@ -187,3 +189,15 @@ def test_compare_runs_three_servers_on_one_directory():
     assert commands[1][-2:] == ["--drafter", "none"]
     assert all("/m" in c and "8765" in c for c in commands)
     assert "--continuous-batching" in commands[2] and "127.0.0.1" in commands[2]
+
+
+def test_step_columns_only_where_steps_ran():
+    before = {"steps": 10, "step_seconds": 1.0, "forward_seconds": 0.8}
+    after = {"steps": 30, "step_seconds": 2.0, "forward_seconds": 1.6}
+    assert step_columns(before, after) == {"engine_steps": 20, "step_ms": 50.0, "forward_ms": 40.0}
+    assert step_columns(None, after) == {} and step_columns(before, before) == {}  # a peer; a level without a step
+
+
+def test_a_server_without_step_counters_reads_as_none(url):
+    assert scrape_step_counters(url + "/nothing-here") is None  # /metrics not found there
+    assert set(scrape_step_counters(url)) == {"steps", "step_seconds", "forward_seconds"}

@@ -42,6 +42,8 @@ COUNTERS = (
     "spec_decode_num_drafts",
     "spec_decode_num_draft_tokens",
     "spec_decode_num_accepted_tokens",
+    "step_seconds",  # steps that ran a forward: all of each, and its forward alone (what the rest costs)
+    "forward_seconds",
 )
 SCHEDULER_OPTIONS = tuple(SchedulerConfig.__dataclass_fields__)
 log = logging.getLogger("leapdecode.engine")
@@ -340,6 +342,8 @@ class Engine:
             self.counters["steps"] += 1
             for accepted in results:
                 self._update(accepted, outputs)
+            self.counters["forward_seconds"] += self.executor.forward_seconds
+            self.counters["step_seconds"] += time.perf_counter() - start
             return outputs
 
     def _update(self, accepted: Accepted, outputs: list[RequestOutput]) -> None:

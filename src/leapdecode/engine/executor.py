@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -39,17 +40,19 @@ class Executor:
         self.prefix_cache = prefix_cache
         self.device = model.device
         self.forward_seconds = 0.0  # the last step's forward alone, without drafting, verification or sampling
+        # called as each step's forward starts (the server hands the previous step's outputs to its event loop then,
+        # which writes them while the forward runs without the GIL)
+        self.on_forward_start: Callable[[], None] | None = None
 
     def execute(self, plan: StepPlan) -> list[Accepted]:
-        keep = [entry.first + i for entry in plan.logits for i in range(entry.rows)]
+        kept = [entry.first + i for entry in plan.logits for i in range(entry.rows)]
+        ids, positions = torch.tensor(plan.ids, device=self.device), torch.tensor(plan.positions, device=self.device)
+        keep = torch.tensor(kept, dtype=torch.long, device=self.device)
+        if self.on_forward_start is not None:
+            self.on_forward_start()
         start = time.perf_counter()
         logits, hidden = self.forward(
-            torch.tensor(plan.ids, device=self.device),
-            torch.tensor(plan.positions, device=self.device),
-            FlatBatch(plan.segments),
-            torch.tensor(keep, dtype=torch.long, device=self.device),
-            argmax_only=plan.greedy,
-            hidden=plan.hidden,
+            ids, positions, FlatBatch(plan.segments), keep, argmax_only=plan.greedy, hidden=plan.hidden
         )
         self.forward_seconds = time.perf_counter() - start
         results, at = [], 0

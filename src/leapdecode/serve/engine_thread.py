@@ -1,8 +1,9 @@
 """The engine's own thread: it alone calls `engine.step()`, so the event loop never waits on a forward.
 
 Requests go in from the event loop with `submit` (the Engine's add_request is thread-safe); each step's outputs come
-back through `loop.call_soon_threadsafe` into the asyncio queue of their request. The thread sleeps on an event while
-the engine is idle and wakes on a new request or a cancel. After every step it takes a snapshot of
+back into the asyncio queue of their request through the outbox (serve/outbox.py), which hands them over as the next
+step's forward starts, so that the event loop writes them while the forward runs without the GIL. The thread sleeps
+on an event while the engine is idle and wakes on a new request or a cancel. After every step it takes a snapshot of
 `engine.metrics()`, so a /metrics scrape from the event loop never reads the engine's lists while a step changes
 them. If a step raises (a bug), every request in flight gets the error (an id to quote; the details go to the log)
 and is cancelled, and the thread goes on. Health: the thread is `unhealthy` when it has stopped, when its last
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from ..host import release_openmp_threads
+from .outbox import Outbox
 from .security import error_id
 
 FAILING_AFTER = 3  # steps in a row that raised: the engine is failing
@@ -47,6 +49,8 @@ class EngineThread:
         self._stopping = False
         self._lock = threading.Lock()
         self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._outbox = Outbox()
+        engine.executor.on_forward_start = self._outbox.hand_over
         self.snapshot: dict = engine.metrics()
         self.failures = 0
         self.failures_in_a_row = 0
@@ -110,7 +114,7 @@ class EngineThread:
                 if output.finished:
                     self._queues.pop(output.request_id, None)
             if entry is not None:
-                _deliver(entry, _failure(output) if output.error is not None else output)
+                self._outbox.put(entry, _failure(output) if output.error is not None else output)
 
         with self._lock:
             rid = self.engine.add_request(prompt, on_output=on_output, **params)
@@ -125,6 +129,7 @@ class EngineThread:
             self._wake.set()
 
     def _run(self) -> None:
+        self._outbox.holder = threading.get_ident()
         try:
             while not self._stopping:
                 if not self.engine.has_work:
@@ -133,6 +138,7 @@ class EngineThread:
                     self._wake.clear()
                     continue
                 self.step_started = time.monotonic()
+                self._outbox.handed = False
                 try:
                     failed_steps = self.engine.counters["step_failures"]
                     self.engine.step()
@@ -144,6 +150,8 @@ class EngineThread:
                     self._fail(error)
                 finally:
                     self.step_started = None
+                if not self._outbox.handed or not self.engine.has_work:  # no forward follows at once to hand them over
+                    self._outbox.hand_over()
                 self._take_snapshot()
             self._take_snapshot()
         except BaseException as error:
@@ -151,6 +159,8 @@ class EngineThread:
             log.critical("the engine thread ended: %s", self.ended, exc_info=True)
             raise
         finally:
+            self._outbox.holder = None  # from now on every output goes out at once
+            self._outbox.hand_over()
             if not self._stopping:  # ended by itself: nobody may wait for it
                 self._stopping = True
                 self._fail_all("the engine thread stopped", 503, "engine_unavailable")
@@ -178,7 +188,9 @@ class EngineThread:
         with self._lock:
             queues, self._queues = dict(self._queues), {}
         for rid, entry in queues.items():
-            _deliver(entry, StepFailure(rid, message, status, code))
+            self._outbox.put(entry, StepFailure(rid, message, status, code))
+        self._outbox.hand_over()
+        for rid in queues:
             try:
                 self.engine.cancel(rid)
             except Exception:
@@ -193,12 +205,3 @@ def _failure(output) -> StepFailure:
     return StepFailure(
         output.request_id, f"the engine failed on this request (error id {eid}; the server log has the details)"
     )
-
-
-def _deliver(entry, item) -> None:
-    """Hand `item` to the asyncio queue of a request (its loop may be gone at shutdown: then nobody waits)."""
-    loop, queue = entry
-    try:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
-    except RuntimeError:
-        pass

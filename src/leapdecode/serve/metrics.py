@@ -98,6 +98,11 @@ ENGINE_COUNTERS = {
         "Speculative decoding: draft tokens accepted.",
     ),
     "steps": ("leapdecode:engine_steps", "Engine steps (one batched forward each)."),
+    "step_seconds": (
+        "leapdecode:engine_step_seconds",
+        "Seconds those steps took: scheduling, drafting, the forward, verification and outputs.",
+    ),
+    "forward_seconds": ("leapdecode:engine_forward_seconds", "Seconds of those steps in the model's forward."),
     "num_preemptions": ("vllm:num_preemptions", "Requests preempted (KV given back, context recomputed later)."),
     "request_failures": ("leapdecode:request_failures", "Requests ended by a fault of their own (others went on)."),
 }

@@ -27,7 +27,7 @@ import time
 
 from ...errors import require
 from . import serve_inprocess, serve_peers, serve_rounds
-from .serve_common import _levels, _pct, level_prompts, load_prompts, streamed_call
+from .serve_common import _levels, _pct, level_prompts, load_prompts, scrape_step_counters, step_columns, streamed_call
 
 
 def register(sub) -> None:
@@ -137,7 +137,7 @@ async def _one(client, model: str, prompt: str, args) -> dict:
 
 
 async def _level(
-    client, model: str, prompts: list[str], concurrency: int, args, rng: random.Random, round_: int = 1
+    client, url: str, model: str, prompts: list[str], concurrency: int, args, rng: random.Random, round_: int = 1
 ) -> dict:
     semaphore = asyncio.Semaphore(concurrency)
 
@@ -152,10 +152,12 @@ async def _level(
         if args.rate:
             t += rng.expovariate(args.rate) if args.poisson else 1.0 / args.rate
     chosen = level_prompts(prompts, args.num_prompts, concurrency, round_, not getattr(args, "repeat_prompts", False))
+    counters = await asyncio.to_thread(scrape_step_counters, url)  # a leapdecode server's; None for a peer
     start, cpu = time.perf_counter(), time.process_time()
     records = await asyncio.gather(*(limited(p, d) for p, d in zip(chosen, delays)))
     duration = time.perf_counter() - start
     client_cores = (time.process_time() - cpu) / duration  # the load generator's own share of the machine
+    after = None if counters is None else await asyncio.to_thread(scrape_step_counters, url)
     ok = [r for r in records if r["ok"]]
     tokens = sum(r["output_tokens"] for r in ok)
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
@@ -171,6 +173,7 @@ async def _level(
         "output_tokens_per_s": round(tokens / duration, 3),
         "requests_per_s": round(len(ok) / duration, 4),
         "client_cpu_cores": round(client_cores, 2),
+        **step_columns(counters, after),
     }
     for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
         for q in (50, 99):
@@ -198,7 +201,7 @@ async def bench_url(
         await _one(client, model, prompts[0], args)  # warm-up, not measured
         rows = []
         for c in levels or _levels(args.concurrency):
-            row = await _level(client, model, prompts, c, args, random.Random(args.seed), round_)
+            row = await _level(client, url, model, prompts, c, args, random.Random(args.seed), round_)
             log(
                 f"  concurrency {c:>3}: {row['output_tokens_per_s']:8.1f} tok/s  {row['requests_per_s']:6.2f} req/s  "
                 f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  E2E p50 {row['e2e_p50_ms']} ms"
@@ -224,12 +227,15 @@ COLUMNS = (
     ("failed", "failed"),
     ("client_cpu_cores", "client CPU (cores)"),
 )
+STEP_COLUMNS = (("step_ms", "engine step ms"), ("forward_ms", "of it forward ms"))  # leapdecode's servers and engine
 
 
 def markdown(results: list[dict], settings: dict) -> str:
     lines = ["# bench-serve", "", "| setting | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in settings.items()]
     columns = list(COLUMNS)
+    if any("step_ms" in row for res in results for row in res["rows"]):
+        columns += STEP_COLUMNS
     for key, title in (("ratio_to_in-process", "× engine in process"), ("ratio_to_vllm", "× vLLM tok/s")):
         if any(key in row for res in results for row in res["rows"]):
             columns.insert(2, (key, title))
@@ -249,6 +255,14 @@ def markdown(results: list[dict], settings: dict) -> str:
         "server.",
         "",
     ]
+    if any("step_ms" in row for res in results for row in res["rows"]):
+        lines += [
+            "Engine step ms: the mean step of leapdecode's engine over the level (its /metrics, or the engine in "
+            "process), and of it the forward alone: the rest is scheduling, drafting, verification and handing "
+            "outputs over; a server's forward dearer than the engine's in process is the cores it shares with HTTP "
+            "and the client.",
+            "",
+        ]
     lines += serve_rounds.markdown(results)
     started = [res for res in results if res.get("command")]
     if started:

@@ -79,3 +79,39 @@ def streamed_call(client, model: str, prompt: str, args):
         return (chunk.choices[0].delta.content if chat else chunk.choices[0].text) or "", tokens
 
     return call, read
+
+
+STEP_COUNTERS = {  # engine.counters key -> the Prometheus counter a leapdecode server exposes it as
+    "steps": "leapdecode:engine_steps",
+    "step_seconds": "leapdecode:engine_step_seconds",
+    "forward_seconds": "leapdecode:engine_forward_seconds",
+}
+
+
+def scrape_step_counters(url: str) -> dict | None:
+    """A leapdecode server's step counters from its /metrics (keys of STEP_COUNTERS), or None for a server that has
+    none (a peer) or no /metrics to read."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url.rstrip("/") + "/metrics", timeout=10).raise_for_status().text
+    except httpx.HTTPError:
+        return None
+    names = {name: key for key, name in STEP_COUNTERS.items()}
+    found = {
+        names[f.name]: sum(s.value for s in f.samples if s.name.endswith("_total"))
+        for f in text_string_to_metric_families(text)
+        if f.name in names
+    }
+    return found if len(found) == len(STEP_COUNTERS) else None
+
+
+def step_columns(before: dict | None, after: dict | None) -> dict:
+    """The engine's mean step over a level, and its forward alone, in ms (from step counters read before and after
+    the level): what serving adds shows in the rest, and as a dearer forward where other work shares the cores."""
+    if not before or not after or after["steps"] <= before["steps"]:
+        return {}
+    steps = after["steps"] - before["steps"]
+    step, forward = (1000 * (after[k] - before[k]) / steps for k in ("step_seconds", "forward_seconds"))
+    return {"engine_steps": int(steps), "step_ms": round(step, 2), "forward_ms": round(forward, 2)}

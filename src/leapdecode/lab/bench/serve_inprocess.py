@@ -126,7 +126,7 @@ def serve_requests(requests, answer) -> None:
     from ...engine import Engine
     from ...serve.cli import add_serve, engine_options
     from .batch import closed_loop
-    from .serve_common import level_prompts
+    from .serve_common import level_prompts, step_columns
 
     spec = json.loads(next(requests))
     if spec.get("threads"):
@@ -144,8 +144,9 @@ def serve_requests(requests, answer) -> None:
         ask = json.loads(line)
         c, round_ = ask["level"], ask["round"]
         texts = level_prompts(spec["prompts"], spec["num_prompts"], c, round_, spec.get("distinct", True))
+        before = dict(engine.counters)
         record = closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"], **shape)
-        answer(_row(c, round_, len(texts), record))
+        answer({**_row(c, round_, len(texts), record), **step_columns(before, engine.counters)})
 
 
 def _row(c: int, round_: int, requests: int, record: dict) -> dict:
