@@ -1,10 +1,9 @@
 """Outputs on their way from the engine thread to the event loops that wait for them.
 
 The engine thread holds a step's outputs until the next step's forward starts, then hands them over in one wake-up
-per event loop. The event loop writes the step's chunks while that forward runs in native code without the GIL: on
-a 2-core host, outputs handed over as they were made had the event loop take the GIL from the Python that schedules
-and prepares the next step, so the engine thread waited for it every step (the serving path's share of the gap to
-the engine in process). Where no forward follows at once (the engine went idle, a step ran none) the thread hands
+per event loop. The event loop writes the step's chunks while that forward runs in native code without the GIL;
+outputs handed over as they were made had the event loop take the GIL just when the engine thread's Python schedules
+and prepares the next step, which then waited for it. Where no forward follows at once (the engine went idle, a step ran none) the thread hands
 them over itself, and outputs made on another thread (a cancel) go out at once, after whatever was held, so that a
 request's outputs always arrive in order.
 """
