@@ -6,7 +6,6 @@ the builder's workers back first."""
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import torch
 
@@ -17,7 +16,6 @@ from leapdecode.serve import engine_thread
 class IdleEngine:
     has_work = False
     counters = {"step_failures": 0}
-    executor = SimpleNamespace(on_forward_start=None)  # where the thread hooks its outbox's hand-over
 
     def metrics(self) -> dict:
         return {}

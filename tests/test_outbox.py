@@ -1,5 +1,6 @@
-"""serve/outbox.py: outputs made on the engine thread wait for the next forward, then reach their event loop in the
-order they were made, one wake-up per loop; outputs made on another thread go out at once, after what was held."""
+"""serve/outbox.py: outputs made on the engine thread wait for its hand-over, then reach their event loop in the order
+they were made, one wake-up per loop, and the hand-over can wait until the loop has run what they woke; outputs made on
+another thread go out at once, after what was held."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_the_holder_threads_outputs_wait_for_hand_over():
             outbox.put((loop, queue), i)
         assert outbox.held == 3 and drain(loop, queue) == []
         outbox.hand_over()
-        assert outbox.held == 0 and outbox.handed
+        assert outbox.held == 0
         assert drain(loop, queue) == [0, 1, 2]
     finally:
         loop.close()
@@ -61,3 +62,34 @@ def test_a_closed_loop_is_skipped():
         assert drain(live, queue) == ["kept"]
     finally:
         live.close()
+
+
+def test_a_hand_over_can_wait_until_the_loop_ran_the_tasks_it_woke():
+    loop = asyncio.new_event_loop()
+    written = []
+
+    async def consumer(queue):  # a stream: takes an output, writes its chunk, waits for the next
+        while True:
+            written.append(await queue.get())
+
+    def run_loop():
+        asyncio.set_event_loop(loop)
+        loop.run_forever()
+
+    queue = asyncio.Queue()
+    task = loop.create_task(consumer(queue))
+    runner = threading.Thread(target=run_loop)
+    runner.start()
+    try:
+        outbox = Outbox()
+        outbox.holder = threading.get_ident()
+        outbox.put((loop, queue), "chunk")
+        outbox.hand_over(wait=5.0)
+        assert written == ["chunk"]  # written before hand_over returned (else it would have waited out the 5 s)
+        outbox.put((loop, queue), "next")
+        outbox.hand_over(wait=0.0)  # no wait: it may or may not be written yet
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join()
+        loop.close()

@@ -195,9 +195,11 @@ def test_step_columns_only_where_steps_ran():
     before = {"steps": 10, "step_seconds": 1.0, "forward_seconds": 0.8}
     after = {"steps": 30, "step_seconds": 2.0, "forward_seconds": 1.6}
     assert step_columns(before, after) == {"engine_steps": 20, "step_ms": 50.0, "forward_ms": 40.0}
+    served = step_columns({**before, "handover_seconds": 0.1}, {**after, "handover_seconds": 0.14})
+    assert served == {"engine_steps": 20, "step_ms": 50.0, "forward_ms": 40.0, "handover_ms": 2.0}
     assert step_columns(None, after) == {} and step_columns(before, before) == {}  # a peer; a level without a step
 
 
 def test_a_server_without_step_counters_reads_as_none(url):
     assert scrape_step_counters(url + "/nothing-here") is None  # /metrics not found there
-    assert set(scrape_step_counters(url)) == {"steps", "step_seconds", "forward_seconds"}
+    assert set(scrape_step_counters(url)) == {"steps", "step_seconds", "forward_seconds", "handover_seconds"}

@@ -34,8 +34,8 @@ from leapdecode.serve.server import BackgroundServer
 pytestmark = [pytest.mark.slow, pytest.mark.tiny]
 
 CONTEXT, MAX_TOKENS = 160, 24
-REQUESTS, WARM_UP, CONCURRENCY = 400, 100, 32
-MAX_SEQUENCES, MAX_WAITING = 8, 24
+REQUESTS, WARM_UP, CONCURRENCY = 400, 100, 34
+MAX_SEQUENCES, MAX_WAITING = 8, 24  # 32 admitted at most: 34 clients find it full (429s)
 KV_BUDGET_TOKENS = 400  # about four requests' worth at their longest: the others wait or get preempted
 MARKER = "world"  # a word no other prompt has: requests with it get a drafter that raises
 SHORT = [f"w{i} w{(3 * i) % 60} hello w{(7 * i) % 60}" for i in range(12)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -40,16 +39,11 @@ class Executor:
         self.prefix_cache = prefix_cache
         self.device = model.device
         self.forward_seconds = 0.0  # the last step's forward alone, without drafting, verification or sampling
-        # called as each step's forward starts (the server hands the previous step's outputs to its event loop then,
-        # which writes them while the forward runs without the GIL)
-        self.on_forward_start: Callable[[], None] | None = None
 
     def execute(self, plan: StepPlan) -> list[Accepted]:
         kept = [entry.first + i for entry in plan.logits for i in range(entry.rows)]
         ids, positions = torch.tensor(plan.ids, device=self.device), torch.tensor(plan.positions, device=self.device)
         keep = torch.tensor(kept, dtype=torch.long, device=self.device)
-        if self.on_forward_start is not None:
-            self.on_forward_start()
         start = time.perf_counter()
         logits, hidden = self.forward(
             ids, positions, FlatBatch(plan.segments), keep, argmax_only=plan.greedy, hidden=plan.hidden

@@ -1,8 +1,8 @@
 """The engine's own thread: it alone calls `engine.step()`, so the event loop never waits on a forward.
 
 Requests go in from the event loop with `submit` (the Engine's add_request is thread-safe); each step's outputs come
-back into the asyncio queue of their request through the outbox (serve/outbox.py), which hands them over as the next
-step's forward starts, so that the event loop writes them while the forward runs without the GIL. The thread sleeps
+back into the asyncio queue of their request through the outbox (serve/outbox.py): handed over once the step is done,
+and written by the event loop before the next forward starts (bounded by that step's own duration). The thread sleeps
 on an event while the engine is idle and wakes on a new request or a cancel. After every step it takes a snapshot of
 `engine.metrics()`, so a /metrics scrape from the event loop never reads the engine's lists while a step changes
 them. If a step raises (a bug), every request in flight gets the error (an id to quote; the details go to the log)
@@ -50,8 +50,8 @@ class EngineThread:
         self._lock = threading.Lock()
         self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._outbox = Outbox()
-        engine.executor.on_forward_start = self._outbox.hand_over
-        self.snapshot: dict = engine.metrics()
+        self.handover_seconds = 0.0  # waited after steps for the event loops to write their outputs
+        self.snapshot: dict = {**engine.metrics(), "handover_seconds": 0.0}
         self.failures = 0
         self.failures_in_a_row = 0
         self.last_failure = 0.0
@@ -137,8 +137,7 @@ class EngineThread:
                     self._wake.wait(timeout=1.0)
                     self._wake.clear()
                     continue
-                self.step_started = time.monotonic()
-                self._outbox.handed = False
+                self.step_started = started = time.monotonic()
                 try:
                     failed_steps = self.engine.counters["step_failures"]
                     self.engine.step()
@@ -150,8 +149,9 @@ class EngineThread:
                     self._fail(error)
                 finally:
                     self.step_started = None
-                if not self._outbox.handed or not self.engine.has_work:  # no forward follows at once to hand them over
-                    self._outbox.hand_over()
+                ended = time.monotonic()
+                self._outbox.hand_over(wait=ended - started)
+                self.handover_seconds += time.monotonic() - ended
                 self._take_snapshot()
             self._take_snapshot()
         except BaseException as error:
@@ -168,7 +168,7 @@ class EngineThread:
     def _take_snapshot(self) -> None:
         # a cancel() from another thread may free a request while metrics() reads it: keep the last snapshot then
         try:
-            self.snapshot = self.engine.metrics()
+            self.snapshot = {**self.engine.metrics(), "handover_seconds": self.handover_seconds}
         except Exception:
             log.debug("metrics snapshot skipped", exc_info=True)
 

@@ -103,6 +103,10 @@ ENGINE_COUNTERS = {
         "Seconds those steps took: scheduling, drafting, the forward, verification and outputs.",
     ),
     "forward_seconds": ("leapdecode:engine_forward_seconds", "Seconds of those steps in the model's forward."),
+    "handover_seconds": (
+        "leapdecode:engine_handover_seconds",
+        "Seconds the engine thread waited after steps for the event loop to write their outputs.",
+    ),
     "num_preemptions": ("vllm:num_preemptions", "Requests preempted (KV given back, context recomputed later)."),
     "request_failures": ("leapdecode:request_failures", "Requests ended by a fault of their own (others went on)."),
 }

@@ -1,11 +1,11 @@
 """Outputs on their way from the engine thread to the event loops that wait for them.
 
-The engine thread holds a step's outputs until the next step's forward starts, then hands them over in one wake-up
-per event loop. The event loop writes the step's chunks while that forward runs in native code without the GIL;
-outputs handed over as they were made had the event loop take the GIL just when the engine thread's Python schedules
-and prepares the next step, which then waited for it. Where no forward follows at once (the engine went idle, a step ran none) the thread hands
-them over itself, and outputs made on another thread (a cancel) go out at once, after whatever was held, so that a
-request's outputs always arrive in order.
+The engine thread collects a step's outputs and hands them over when the step is done, in one wake-up per event loop,
+then waits (bounded) until each loop has run the requests they woke, so that their chunks are written before the next
+forward starts. The event loop's Python thus runs between forwards, not during one: where the forward's OpenMP team
+has a thread on every core, any other thread that runs meanwhile delays one team member and with it every barrier,
+so the forward lost more than the event loop's time (docs/serving.md). Outputs made on another thread (a cancel) go
+out at once, after whatever was held, so that a request's outputs always arrive in order.
 """
 
 from __future__ import annotations
@@ -13,18 +13,32 @@ from __future__ import annotations
 import asyncio
 import threading
 
+# event-loop iterations after the hand-over before the loop reports back: in the next one, the tasks that wait on the
+# queues run and write their chunks (a task woken through more futures on its way may still be writing when the engine
+# goes on: as if it had not waited)
+DRAIN_ROUNDS = 1
 
-def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+
+def _put_all(items: list[tuple[asyncio.Queue, object]], done: threading.Event | None) -> None:
     for queue, item in items:
         queue.put_nowait(item)
+    if done is not None:
+        asyncio.get_running_loop().call_soon(_report_after, DRAIN_ROUNDS, done)
+
+
+def _report_after(rounds: int, done: threading.Event) -> None:
+    """Set `done` once the loop has run `rounds` more iterations (each runs what the one before made ready)."""
+    if rounds <= 1:
+        done.set()
+    else:
+        asyncio.get_running_loop().call_soon(_report_after, rounds - 1, done)
 
 
 class Outbox:
     def __init__(self):
         self._lock = threading.Lock()
         self._held: list[tuple[tuple[asyncio.AbstractEventLoop, asyncio.Queue], object]] = []
-        self.holder: int | None = None  # the thread whose outputs wait for the next forward (the engine's)
-        self.handed = False  # whether the holder handed over since it last cleared this
+        self.holder: int | None = None  # the thread whose outputs wait for its hand_over (the engine's)
 
     @property
     def held(self) -> int:
@@ -37,18 +51,23 @@ class Outbox:
         if threading.get_ident() != self.holder:
             self.hand_over()
 
-    def hand_over(self) -> None:
+    def hand_over(self, wait: float = 0.0) -> None:
         """Hand every held item to its loop, one wake-up per loop, in the order they came (a loop that is gone, at
-        shutdown, is skipped: nobody waits there)."""
+        shutdown, is skipped: nobody waits there); with `wait`, then wait up to that many seconds until each loop has
+        run what the items woke."""
+        reports = []
         with self._lock:  # held while handing over, so that two threads' hand-overs cannot overtake each other
-            if threading.get_ident() == self.holder:
-                self.handed = True
             held, self._held = self._held, []
             by_loop: dict[asyncio.AbstractEventLoop, list] = {}
             for (loop, queue), item in held:
                 by_loop.setdefault(loop, []).append((queue, item))
             for loop, items in by_loop.items():
+                done = threading.Event() if wait > 0 else None
                 try:
-                    loop.call_soon_threadsafe(_put_all, items)
+                    loop.call_soon_threadsafe(_put_all, items, done)
                 except RuntimeError:
-                    pass
+                    continue
+                if done is not None:
+                    reports.append(done)
+        for done in reports:
+            done.wait(wait)

@@ -28,6 +28,19 @@ def _finite(logprob: float | None) -> float | None:
     return None if logprob is None else max(logprob, -9999.0)
 
 
+async def _get(queue: asyncio.Queue, timeout: float):
+    """queue.get() within `timeout` seconds (asyncio.TimeoutError after it). It runs once per streamed chunk, so it
+    takes what is there without waiting, and waits under a timer rather than in wait_for's task of its own."""
+    try:
+        return queue.get_nowait()
+    except asyncio.QueueEmpty:
+        pass
+    if not hasattr(asyncio, "timeout"):  # Python 3.10
+        return await asyncio.wait_for(queue.get(), timeout)
+    async with asyncio.timeout(timeout):
+        return await queue.get()
+
+
 def _reason(finish_reason: str | None) -> str | None:
     return "abort" if finish_reason == "cancelled" else finish_reason
 
@@ -117,7 +130,7 @@ class Run:
             wait = min([POLL_SECONDS, *(d - now for d in deadlines)])
             if wait > 0:
                 try:
-                    return await asyncio.wait_for(self.queue.get(), wait)
+                    return await _get(self.queue, wait)
                 except asyncio.TimeoutError:
                     pass
             now = time.perf_counter()

@@ -227,7 +227,11 @@ COLUMNS = (
     ("failed", "failed"),
     ("client_cpu_cores", "client CPU (cores)"),
 )
-STEP_COLUMNS = (("step_ms", "engine step ms"), ("forward_ms", "of it forward ms"))  # leapdecode's servers and engine
+STEP_COLUMNS = (  # leapdecode's servers and engine
+    ("step_ms", "engine step ms"),
+    ("forward_ms", "of it forward ms"),
+    ("handover_ms", "hand-over ms"),
+)
 
 
 def markdown(results: list[dict], settings: dict) -> str:
@@ -260,7 +264,8 @@ def markdown(results: list[dict], settings: dict) -> str:
             "Engine step ms: the mean step of leapdecode's engine over the level (its /metrics, or the engine in "
             "process), and of it the forward alone: the rest is scheduling, drafting, verification and handing "
             "outputs over; a server's forward dearer than the engine's in process is the cores it shares with HTTP "
-            "and the client.",
+            "and the client. Hand-over ms: a server's wait after each step, until its event loop has written the "
+            "step's outputs (none in process).",
             "",
         ]
     lines += serve_rounds.markdown(results)

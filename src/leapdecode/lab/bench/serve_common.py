@@ -85,6 +85,7 @@ STEP_COUNTERS = {  # engine.counters key -> the Prometheus counter a leapdecode 
     "steps": "leapdecode:engine_steps",
     "step_seconds": "leapdecode:engine_step_seconds",
     "forward_seconds": "leapdecode:engine_forward_seconds",
+    "handover_seconds": "leapdecode:engine_handover_seconds",  # a server's alone (none in process)
 }
 
 
@@ -104,14 +105,16 @@ def scrape_step_counters(url: str) -> dict | None:
         for f in text_string_to_metric_families(text)
         if f.name in names
     }
-    return found if len(found) == len(STEP_COUNTERS) else None
+    return found if {"steps", "step_seconds", "forward_seconds"} <= set(found) else None
 
 
 def step_columns(before: dict | None, after: dict | None) -> dict:
-    """The engine's mean step over a level, and its forward alone, in ms (from step counters read before and after
-    the level): what serving adds shows in the rest, and as a dearer forward where other work shares the cores."""
+    """The engine's mean step over a level, its forward alone, and a server's wait after it for the event loop to
+    write the step's outputs, in ms (from step counters read before and after the level): what serving adds shows in
+    the rest and the hand-over, and as a dearer forward where other work shares the cores."""
     if not before or not after or after["steps"] <= before["steps"]:
         return {}
     steps = after["steps"] - before["steps"]
-    step, forward = (1000 * (after[k] - before[k]) / steps for k in ("step_seconds", "forward_seconds"))
-    return {"engine_steps": int(steps), "step_ms": round(step, 2), "forward_ms": round(forward, 2)}
+    ms = {k: round(1000 * (after[k] - before[k]) / steps, 2) for k in STEP_COUNTERS if k in before and k in after}
+    columns = {"engine_steps": int(steps), "step_ms": ms["step_seconds"], "forward_ms": ms["forward_seconds"]}
+    return columns | ({"handover_ms": ms["handover_seconds"]} if "handover_seconds" in ms else {})

@@ -136,6 +136,7 @@ async def _fault_one(client, url: str, model: str, item: dict, timeout: float) -
                 except (ValueError, KeyError, TypeError):
                     record["error"] = "not an OpenAI JSON error: " + raw[:200].decode(errors="replace")
                 record["outcome"] = "429" if r.status_code == 429 else f"{r.status_code // 100}xx"
+                record["retry_after"] = float(r.headers.get("retry-after") or 0)
                 return
             if not item["stream"]:
                 choice = json.loads(await r.aread())["choices"][0]
@@ -172,7 +173,9 @@ async def _fault_one(client, url: str, model: str, item: dict, timeout: float) -
 async def run_faults(
     url: str, model: str, plan: list[dict], concurrency: int, timeout: float = 300.0, api_key: str | None = None
 ) -> list[dict]:
-    """Send every request of `plan` with at most `concurrency` in flight (no retries); one record per request."""
+    """Send every request of `plan` with at most `concurrency` in flight (no retries); one record per request. A
+    client told to come back later (a 429 or 503 with Retry-After) waits that long before it sends its next request, as
+    the `openai` client does before its retry."""
     import httpx
 
     gate = asyncio.Semaphore(concurrency)
@@ -182,7 +185,9 @@ async def run_faults(
 
         async def limited(item):
             async with gate:
-                return await _fault_one(client, url.rstrip("/"), model, item, timeout)
+                record = await _fault_one(client, url.rstrip("/"), model, item, timeout)
+                await asyncio.sleep(record.pop("retry_after", 0.0))
+                return record
 
         return await asyncio.gather(*(limited(item) for item in plan))
 
