@@ -13,25 +13,14 @@ from __future__ import annotations
 import asyncio
 import threading
 
-# event-loop iterations after the hand-over before the loop reports back: in the next one, the tasks that wait on the
-# queues run and write their chunks (a task woken through more futures on its way may still be writing when the engine
-# goes on: as if it had not waited)
-DRAIN_ROUNDS = 1
-
 
 def _put_all(items: list[tuple[asyncio.Queue, object]], done: threading.Event | None) -> None:
     for queue, item in items:
         queue.put_nowait(item)
     if done is not None:
-        asyncio.get_running_loop().call_soon(_report_after, DRAIN_ROUNDS, done)
-
-
-def _report_after(rounds: int, done: threading.Event) -> None:
-    """Set `done` once the loop has run `rounds` more iterations (each runs what the one before made ready)."""
-    if rounds <= 1:
-        done.set()
-    else:
-        asyncio.get_running_loop().call_soon(_report_after, rounds - 1, done)
+        # set in the loop's next iteration, after the tasks these items woke have run and written their chunks (a task
+        # woken through more futures on its way may still be writing then: as if the engine had not waited)
+        asyncio.get_running_loop().call_soon(done.set)
 
 
 class Outbox:
