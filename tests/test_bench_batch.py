@@ -194,7 +194,7 @@ def test_a_ratio_interval_is_t_over_the_logs_of_the_slices():
     """Identical slices give a point; a ratio's inverse gets the mirrored interval; two slices get t's wide 12.71."""
     import math
 
-    from leapdecode.lab.bench.batch_scenarios import ratio_interval
+    from leapdecode.lab.bench.intervals import ratio_interval
 
     assert ratio_interval([1.02]) is None
     assert ratio_interval([0.95, 0.95, 0.95]) == pytest.approx((0.95, 0.95))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -17,6 +18,7 @@ import pytest
 from leapdecode.cli import main
 from leapdecode.errors import LeapDecodeError
 from leapdecode.lab.bench import serve, serve_inprocess, serve_peers, serve_rounds
+from leapdecode.lab.bench.intervals import ratio_interval
 from leapdecode.lab.bench.serve import markdown
 from leapdecode.lab.bench.serve_common import level_prompts
 from leapdecode.lab.bench.serve_peers import Server
@@ -440,13 +442,20 @@ def test_rounds_measure_leapdecodes_two_servers_in_turns_and_pair_their_ratios(s
     for a, b in zip(ours_on["rows"], ours_off["rows"]):
         ratios = [x / y for x, y in zip(a["rounds_output_tokens_per_s"], b["rounds_output_tokens_per_s"])]
         line = f"| {a['concurrency']} | " + ", ".join(f"{x:.2f}" for x in ratios)
-        assert line in report
+        low, high = ratio_interval(ratios)
+        assert f"{line} | {statistics.median(ratios):.2f} | {low:.2f}–{high:.2f} |" in report
+        paired = next(t for t in data["paired"]["on_off"] if t["concurrency"] == a["concurrency"])
+        assert paired["ratios"] == pytest.approx(ratios) and paired["interval"] == pytest.approx([low, high])
     assert "Server ÷ engine in process, measured in the same turns" in report
     for res in (ours_on, ours_off):
         section = report.split(f"\n{res['label']}:\n", 1)[1]
         for row in res["rows"]:
             ratios = [x / (5.0 * (r + 1)) for r, x in enumerate(row["rounds_output_tokens_per_s"])]
             assert f"| {row['concurrency']} | " + ", ".join(f"{x:.2f}" for x in ratios) in section
+            paired = next(
+                t for t in data["paired"]["server_engine"][res["label"]] if t["concurrency"] == row["concurrency"]
+            )
+            assert paired["ratios"] == pytest.approx(ratios)
             assert row["ratio_to_in-process"] == round(row["output_tokens_per_s"] / 10.0, 2)  # the engine's median
 
 

@@ -307,7 +307,10 @@ def plot(out: pathlib.Path, results: list[dict]) -> list[str]:
 
 def save(out: pathlib.Path, results: list[dict], settings: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+    paired = serve_rounds.summary(results)
+    (out / "results.json").write_text(
+        json.dumps({"settings": settings, "results": results, "paired": paired}, indent=1)
+    )
     plots = plot(out, results)
     (out / "report.md").write_text(markdown(results, settings) + "\n" + "\n".join(f"![{p}]({p})" for p in plots) + "\n")
 

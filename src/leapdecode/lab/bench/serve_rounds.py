@@ -4,7 +4,8 @@ On a small shared host the speed of the machine itself drifts by several percent
 measured one after the other differ by that much before either does anything differently. Here both of leapdecode's
 servers are up at once (an idle one sleeps: it takes no CPU from the one measured) and every concurrency level is
 measured on each in turn, round after round, the order reversed every other round. Each round then gives a paired
-ratio on ÷ off at each level, taken minutes apart at most; the report shows every round's ratio beside the median.
+ratio on ÷ off at each level, taken minutes apart at most; the report shows every round's ratio beside the median
+and a ~95 % interval over the rounds (intervals.py): where it spans 1, the rounds cannot tell the two apart.
 The engine without HTTP (serve_inprocess.Worker) takes its turn beside them, so server ÷ engine is paired per round
 too. Each row of the result is the round with the median throughput of that server at that level, and carries every
 round's tok/s.
@@ -16,6 +17,7 @@ import functools
 import statistics
 
 from . import serve_peers
+from .intervals import ratio_interval
 
 ROUNDS_KEY = "rounds_output_tokens_per_s"
 
@@ -98,8 +100,21 @@ def _pair(a: dict | None, b: dict | None) -> list[dict]:
         pairs = list(zip(x.get(ROUNDS_KEY, []), y.get(ROUNDS_KEY, [])))
         if pairs and all(d > 0 for _, d in pairs):
             ratios = [n / d for n, d in pairs]
-            table.append({"concurrency": x["concurrency"], "ratios": ratios, "median": statistics.median(ratios)})
+            table.append(
+                {
+                    "concurrency": x["concurrency"],
+                    "ratios": ratios,
+                    "median": statistics.median(ratios),
+                    "interval": ratio_interval(ratios),
+                }
+            )
     return table
+
+
+def summary(results: list[dict]) -> dict:
+    """The paired ratios for results.json: on ÷ off and, per leapdecode server, server ÷ engine (empty where the
+    run had no rounds)."""
+    return {"on_off": paired_ratios(results), "server_engine": dict(engine_ratios(results))}
 
 
 def markdown(results: list[dict]) -> list[str]:
@@ -109,7 +124,7 @@ def markdown(results: list[dict]) -> list[str]:
     if table:
         lines += [
             "Speculation on ÷ off, measured in turns (both servers up, each level on one then the other, the order "
-            "reversed every other round):",
+            "reversed every other round; the interval: t over the logs of the rounds' ratios, none under two rounds):",
             "",
             *_rows("on ÷ off", table),
         ]
@@ -126,8 +141,10 @@ def markdown(results: list[dict]) -> list[str]:
 
 
 def _rows(what: str, table: list[dict]) -> list[str]:
-    lines = [f"| concurrency | {what} per round | median |", "|---:|---|---:|"]
-    lines += [
-        f"| {t['concurrency']} | {', '.join(f'{x:.2f}' for x in t['ratios'])} | {t['median']:.2f} |" for t in table
-    ]
+    lines = [f"| concurrency | {what} per round | median | ~95 % interval |", "|---:|---|---:|---:|"]
+    for t in table:
+        interval = "–" if t["interval"] is None else "{:.2f}–{:.2f}".format(*t["interval"])
+        lines.append(
+            f"| {t['concurrency']} | {', '.join(f'{x:.2f}' for x in t['ratios'])} | {t['median']:.2f} | {interval} |"
+        )
     return lines + [""]
