@@ -12,6 +12,7 @@ requests sent. `pytest tests/test_serve_faults.py -m slow -s` prints the counts 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import pathlib
 import threading
@@ -25,7 +26,7 @@ from leapdecode import generate
 from leapdecode.cli import main
 from leapdecode.engine import Engine
 from leapdecode.engine.engine import kv_bytes_per_token
-from leapdecode.lab.bench.serve_faults import fault_plan, fault_summary, run_faults
+from leapdecode.lab.bench.serve_faults import fault_plan, fault_summary, retry_after_seconds, run_faults
 from leapdecode.models import resolve_model
 from leapdecode.serve.admission import Limits
 from leapdecode.serve.app import create_app
@@ -323,3 +324,14 @@ def test_bench_serve_faults_scenario_counts_outcomes(target, tmp_path, capsys):
     assert kinds["malformed"]["4xx"] > 0 and kinds["over-context"]["4xx"] > 0
     assert sum(summary[o] for o in ("completed", "disconnected", "429", "4xx", "5xx")) == 80
     assert "| **all** |" in capsys.readouterr().out and (tmp_path / "report.md").is_file()
+
+
+def test_retry_after_takes_seconds_or_an_http_date():
+    now = 1_800_000_000.0
+    date = email.utils.formatdate(now + 7, usegmt=True)
+    assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds("1.5") == 1.5
+    assert retry_after_seconds(date, now=now) == 7.0
+    assert retry_after_seconds(email.utils.formatdate(now - 60, usegmt=True), now=now) == 0.0  # a date passed
+    for unreadable in (None, "", "soon", "-"):
+        assert retry_after_seconds(unreadable) == 0.0

@@ -16,12 +16,29 @@ budget and queue bound.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import pathlib
 import time
 
 from ...errors import require
 from .serve_common import _levels, _pct, load_prompts
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float:
+    """A Retry-After header in seconds: delta-seconds or an HTTP-date (RFC 9110 allows both); 0 when absent or
+    unreadable (a soak client then retries at once rather than stopping)."""
+    if not value:
+        return 0.0
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def add_arguments(p) -> None:
@@ -136,7 +153,7 @@ async def _fault_one(client, url: str, model: str, item: dict, timeout: float) -
                 except (ValueError, KeyError, TypeError):
                     record["error"] = "not an OpenAI JSON error: " + raw[:200].decode(errors="replace")
                 record["outcome"] = "429" if r.status_code == 429 else f"{r.status_code // 100}xx"
-                record["retry_after"] = float(r.headers.get("retry-after") or 0)
+                record["retry_after"] = retry_after_seconds(r.headers.get("retry-after"))
                 return
             if not item["stream"]:
                 choice = json.loads(await r.aread())["choices"][0]
