@@ -8,6 +8,9 @@ import asyncio
 import threading
 import time
 
+from leapdecode.engine.request import RequestOutput
+from leapdecode.serve import engine_thread
+from leapdecode.serve.engine_thread import Interval
 from leapdecode.serve.outbox import Outbox
 
 
@@ -94,3 +97,30 @@ def test_a_hand_over_can_wait_until_the_loop_ran_the_tasks_it_woke():
         loop.call_soon_threadsafe(loop.stop)
         runner.join()
         loop.close()
+
+
+def test_an_interval_joins_outputs_until_enough_tokens_or_too_late(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(engine_thread.time, "perf_counter", lambda: clock[0])
+
+    def out(ids, finished=False):
+        text = "".join(f"<{t}>" for t in ids)
+        return RequestOutput(7, ids, text, finished, "stop" if finished else None, 5, logprobs=[f"lp{t}" for t in ids])
+
+    def step(seconds, ids, pace, finished=False):
+        clock[0] += seconds
+        return pace.due(out(ids, finished))
+
+    pace = Interval(3, max_delay=0.05)
+    assert step(0, [1], pace).new_token_ids == [1]  # the first token at once
+    assert step(0.01, [2], pace) is None
+    joined = step(0.01, [3, 4], pace)  # three tokens held: out
+    assert (joined.new_token_ids, joined.text, joined.logprobs) == ([2, 3, 4], "<2><3><4>", ["lp2", "lp3", "lp4"])
+    assert step(0.01, [5], pace) is None
+    assert step(0.05, [6], pace).new_token_ids == [5, 6]  # 60 ms after the last chunk: out, however small
+    assert step(0.001, [7], pace) is None
+    last = step(0.001, [], pace, finished=True)  # the end at once, with what was held
+    assert last.new_token_ids == [7] and last.finished and last.finish_reason == "stop"
+    strict = Interval(3)  # vLLM's rule: no time bound
+    assert step(0, [1], strict) is not None and step(10.0, [2], strict) is None and step(10.0, [3, 4], strict)
+    assert step(0, [1], Interval(1)).new_token_ids == [1] and step(0, [2], Interval(1)).new_token_ids == [2]

@@ -304,6 +304,7 @@ def test_streams_keep_flowing_while_a_4mib_prompt_is_tokenized(target):
         pool._call = timed
         s.slow(0.02)
         arrivals: list[float] = []
+        done: list[bool] = []
         reading = threading.Event()
 
         def stream():
@@ -313,6 +314,7 @@ def test_streams_keep_flowing_while_a_4mib_prompt_is_tokenized(target):
                     if line.startswith("data: {"):
                         arrivals.append(time.perf_counter())
                         reading.set()
+                    done.append(line == "data: [DONE]")
 
         reader = threading.Thread(target=stream)
         reader.start()
@@ -326,4 +328,4 @@ def test_streams_keep_flowing_while_a_4mib_prompt_is_tokenized(target):
         during = [t for t in arrivals if start < t < end]
         # the stream's chunks kept arriving while the prompt was being tokenized (liveness: order, not speed)
         assert len(during) >= 3, (len(during), end - start, len(arrivals))
-        assert len(arrivals) >= 100  # and the stream ran to its end
+        assert any(done)  # and the stream ran to its end

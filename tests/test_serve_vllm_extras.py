@@ -17,6 +17,7 @@ from leapdecode import generate
 from leapdecode.errors import LeapDecodeError
 from leapdecode.models import resolve_model
 from leapdecode.prompt import encode_prompt, fill_in_the_middle
+from leapdecode.serve.engine_thread import Streaming
 
 # the tiny template, with a document list and a variable of its own
 TEMPLATE = CHAT_TEMPLATE.replace(
@@ -415,3 +416,79 @@ def test_predicted_outputs_change_nothing_but_the_usage(client, target, stream):
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(**options, prediction={"type": "audio", "content": "x"})
     assert "prediction" in bad.value.body["param"]
+
+
+def _token_chunks(client, chat: bool, interval: int | None, prompt_ids: list[int], n: int) -> list:
+    """The streamed chunks' (token ids, text, logprob count) that carry tokens, in order."""
+    body = {"return_token_ids": True, **({"stream_interval": interval} if interval else {})}
+    options = dict(model="tiny", max_tokens=n, temperature=0, stream=True, logprobs=True, extra_body=body)
+    if chat:
+        chunks = client.chat.completions.create(messages=MESSAGES, **options)
+        parts = [
+            (c.choices[0].model_extra["token_ids"], c.choices[0].delta.content or "", c.choices[0].logprobs)
+            for c in chunks
+        ]
+        return [(ids, text, len(lp.content)) for ids, text, lp in parts if ids]
+    options["logprobs"] = 1
+    chunks = client.completions.create(prompt=prompt_ids, **options)
+    parts = [(c.choices[0].model_extra["token_ids"], c.choices[0].text, c.choices[0].logprobs) for c in chunks]
+    return [(ids, text, len(lp.tokens)) for ids, text, lp in parts if ids]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_stream_interval_holds_tokens_until_a_chunk_has_enough(target, chat):
+    """vLLM's stream_interval: every chunk between the first and the last carries at least that many tokens, and
+    together they are the answer, its text and one logprob per token; without it (a server pacing by steps), the
+    steps' chunks are smaller."""
+    ids = encode_prompt(target.tokenizer, MESSAGES) if chat else encode_prompt(target.tokenizer, "the w7 w8", raw=True)
+    ref = alone(target, ids, 24)
+    with served(target, app_options={"streaming": Streaming(1, max_delay=0.0)}) as (url, _):
+        client = client_of(url)
+        plain = _token_chunks(client, chat, None, ids, 24)
+        held = _token_chunks(client, chat, 5, ids, 24)
+    assert any(len(c[0]) < 5 for c in plain[1:-1])  # what the interval has to change
+    for chunks in (plain, held):
+        assert [t for c in chunks for t in c[0]] == ref.token_ids
+        assert "".join(c[1] for c in chunks) == ref.text
+        assert [c[2] for c in chunks] == [len(c[0]) for c in chunks]
+    assert held[0][0] == plain[0][0]  # the first tokens go out at once
+    assert all(len(c[0]) >= 5 for c in held[1:-1]) and len(held) < len(plain)
+
+
+def test_server_stream_interval_is_the_least_a_call_gets(target):
+    ids = encode_prompt(target.tokenizer, MESSAGES)
+    ref = alone(target, ids, 24)
+    with served(target, app_options={"streaming": Streaming(4, max_delay=0.0)}) as (url, _):
+        client = client_of(url)
+        for asked in (None, 2, 6):  # the call's own interval counts only where it is larger
+            chunks = _token_chunks(client, True, asked, ids, 24)
+            assert [t for c in chunks for t in c[0]] == ref.token_ids
+            assert all(len(c[0]) >= max(4, asked or 1) for c in chunks[1:-1])
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": "tiny", "messages": MESSAGES, "stream": True, "stream_interval": 0},
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream_interval"
+
+
+def test_the_default_pacing_is_the_command_lines(server):
+    from leapdecode.cli import build_parser
+    from leapdecode.serve.cli import server_options
+
+    assert server[1].streaming == Streaming() == server_options(build_parser().parse_args(["serve"]))["streaming"]
+    assert Streaming().interval > 1 and Streaming().max_delay > 0
+    with pytest.raises(ValueError):
+        Streaming(0)
+    with pytest.raises(ValueError):
+        Streaming(2, max_delay=-1)
+
+
+def test_serve_refuses_a_bad_stream_pacing(capsys):
+    from leapdecode.cli import main
+
+    assert main(["serve", "--model", "tiny-unused", "--stream-interval", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stream-interval must be >= 1" in err[0]
+    with pytest.raises(SystemExit) as exited:  # argparse's own check of the type, as for every other flag
+        main(["serve", "--model", "tiny-unused", "--stream-max-delay", "-1"])
+    assert exited.value.code == 2 and "expected seconds >= 0" in capsys.readouterr().err.strip().splitlines()[-1]

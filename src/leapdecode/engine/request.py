@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..controller import DECAY
 from ..kv.slots import SequenceKV
@@ -35,6 +35,19 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     stop_reason: str | int | None = None
+
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This output and the same request's next one as one (a streamed chunk that holds several steps)."""
+        logprobs = (
+            None if self.logprobs is None and later.logprobs is None else (self.logprobs or []) + (later.logprobs or [])
+        )
+        return replace(
+            later,
+            new_token_ids=self.new_token_ids + later.new_token_ids,
+            text=self.text + later.text,
+            logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+        )
 
 
 class Request:

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
 from .admission import Admission, Limits, max_running
-from .engine_thread import EngineThread
+from .engine_thread import EngineThread, Streaming
 from .jobs import build_jobs, submit
 from .metrics import ServerMetrics
 from .protocol import APIError, json_object, validated
@@ -59,8 +59,10 @@ class ServerState:
         max_body_bytes: int = MAX_BODY_BYTES,
         limits: Limits | None = None,
         security: Security | None = None,
+        streaming: Streaming | None = None,
     ):
         self.engine = engine
+        self.streaming = streaming or Streaming()  # how streams are paced (engine_thread.Interval)
         self.model_name = served_model_name or engine.name
         self.accepted_names = {self.model_name, engine.name}
         self.api_key = api_key or None
@@ -333,10 +335,12 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     limits: Limits | None = None,
     security: Security | None = None,
+    streaming: Streaming | None = None,
 ) -> FastAPI:
     """A FastAPI app serving `engine` (a leapdecode.engine.Engine); its engine thread starts now and stops with
     the app's lifespan (or `app.state.server.close()`). `limits`: admission bound and timeouts (admission.Limits);
-    `security`: the bound host and the allowed hosts and origins (security.Security)."""
+    `security`: the bound host and the allowed hosts and origins (security.Security); `streaming`: how streams are paced
+    (engine_thread.Streaming: the tokens a chunk carries at least, the longest a chunk is held)."""
     state = ServerState(
         engine,
         served_model_name=served_model_name,
@@ -344,6 +348,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         limits=limits,
         security=security,
+        streaming=streaming,
     )
 
     @contextlib.asynccontextmanager

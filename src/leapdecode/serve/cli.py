@@ -12,6 +12,7 @@ from ..errors import LeapDecodeError, require
 from ..models.registry import DEFAULT_MODEL
 from ..prompt import read_chat_template
 from .admission import DEFAULT_MAX_WAITING, DEFAULT_QUEUE_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT
+from .engine_thread import DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MAX_DELAY
 
 
 def _seconds(text: str) -> float:
@@ -32,8 +33,9 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def server_options(args) -> dict:
-    """create_app's limits and security settings from the command line."""
+    """create_app's limits, security and streaming settings from the command line."""
     from .admission import Limits
+    from .engine_thread import Streaming
     from .security import Security
 
     return dict(
@@ -46,6 +48,7 @@ def server_options(args) -> dict:
         security=Security(
             args.host, _names(args.allowed_hosts), _names(args.allowed_origins), args.trust_request_chat_template
         ),
+        streaming=Streaming(args.stream_interval, args.stream_max_delay),
     )
 
 
@@ -146,6 +149,21 @@ def add_serve(sub) -> None:
         f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})",
     )
     p.add_argument(
+        "--stream-interval",
+        type=_int,
+        default=DEFAULT_STREAM_INTERVAL,
+        help="tokens a streamed chunk carries at least (vLLM's; the first and last go out at once, a call may ask for "
+        f"more with stream_interval): fewer chunks leave more CPU to the forward (default {DEFAULT_STREAM_INTERVAL}; "
+        "1: a chunk every step)",
+    )
+    p.add_argument(
+        "--stream-max-delay",
+        type=_seconds,
+        default=DEFAULT_STREAM_MAX_DELAY,
+        help="seconds after a stream's previous chunk past which a held one goes out whatever its size (default "
+        f"{DEFAULT_STREAM_MAX_DELAY:g}; 0: none, vLLM's rule)",
+    )
+    p.add_argument(
         "--allowed-origins",
         default="",
         help="comma-separated browser origins allowed to call the API (e.g. https://app.example.com; * for any); "
@@ -217,6 +235,7 @@ def run_serve(args) -> int:
     require(not args.head or args.drafter == "head", "--head goes with --drafter head")
     require(args.ray_replicas >= 0, f"--ray-replicas must be >= 0, got {args.ray_replicas}")
     require(args.max_waiting >= 0, f"--max-waiting must be >= 0, got {args.max_waiting}")
+    require(args.stream_interval >= 1, f"--stream-interval must be >= 1, got {args.stream_interval}")
     if args.ray_replicas:
         from .ray_app import run_ray
 

@@ -28,8 +28,57 @@ from .security import error_id
 FAILING_AFTER = 3  # steps in a row that raised: the engine is failing
 COOLDOWN_SECONDS = 5.0  # ...and refuses new requests this long after the last failure (then lets them probe)
 STALL_SECONDS = 120.0  # one step running this long: the engine is stuck
+DEFAULT_STREAM_INTERVAL = 4  # tokens a streamed chunk carries at least (docs/serving.md: what it buys, measured)
+DEFAULT_STREAM_MAX_DELAY = 0.05  # seconds: a held chunk goes out at the first step past this, whatever its size
 
 log = logging.getLogger("leapdecode.serve")
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """How a server paces its streams (see Interval): `interval`, the tokens a chunk carries at least (a call may ask
+    for more with vLLM's stream_interval); `max_delay`, the seconds after a request's previous chunk past which a
+    held one goes out whatever its size (0: none, vLLM's rule)."""
+
+    interval: int = DEFAULT_STREAM_INTERVAL
+    max_delay: float = DEFAULT_STREAM_MAX_DELAY
+
+    def __post_init__(self):
+        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
+            raise ValueError(f"stream interval must be an integer >= 1, got {self.interval!r}")
+        if isinstance(self.max_delay, bool) or not isinstance(self.max_delay, (int, float)) or self.max_delay < 0:
+            raise ValueError(f"stream max delay must be a number >= 0, got {self.max_delay!r}")
+
+
+class Interval:
+    """vLLM's stream_interval: a request's outputs are joined until they carry `tokens` tokens, so that a held step
+    costs the event loop nothing (no wake-up, no chunk to write, none for the client to read): on a few cores that
+    Python runs beside the forward or delays the next one. Its first output with tokens and its last go out at once
+    (the first token's latency and the end are as without it), and with `max_delay` (seconds; 0: none) so does one
+    that comes that long after the request's previous chunk: a reader never waits longer than that, or one step,
+    for text that is made."""
+
+    def __init__(self, tokens: int, max_delay: float = 0.0):
+        self.tokens, self.max_delay = tokens, max_delay
+        self.held = None  # the output held
+        self.sent: float | None = None  # when its last output with tokens went out
+
+    def due(self, output):
+        """The output to hand over now (`output` joined to what was held), or None while it is held."""
+        if self.tokens <= 1:
+            return output
+        if self.held is not None:
+            output = self.held.then(output)
+        now = time.perf_counter()
+        first = self.sent is None
+        late = not first and self.max_delay > 0 and now - self.sent >= self.max_delay
+        if output.finished or first or late or len(output.new_token_ids) >= self.tokens:
+            self.held = None
+            if output.new_token_ids:
+                self.sent = now
+            return output
+        self.held = output
+        return None
 
 
 @dataclass
@@ -100,12 +149,20 @@ class EngineThread:
     def in_flight(self) -> int:
         return len(self._queues)
 
-    def submit(self, prompt, queue: asyncio.Queue | None = None, **params) -> tuple[int, asyncio.Queue]:
+    def submit(
+        self,
+        prompt,
+        queue: asyncio.Queue | None = None,
+        stream_interval: int = 1,
+        stream_max_delay: float = 0.0,
+        **params,
+    ) -> tuple[int, asyncio.Queue]:
         """Queue a request from the event loop; return its id and the queue its outputs arrive on (`queue`, to
-        share one between the requests of one HTTP call). Bad input raises LeapDecodeError here, before anything
-        is queued."""
+        share one between the requests of one HTTP call). With `stream_interval` N > 1 its outputs are joined until
+        they carry N tokens, or for at most `stream_max_delay` seconds (see Interval). Bad input raises LeapDecodeError here, before anything is queued."""
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue() if queue is None else queue
+        interval = Interval(stream_interval, stream_max_delay)
 
         def on_output(output):
             # called in the engine thread (or in cancel()'s caller): hand over to the request's loop
@@ -113,7 +170,8 @@ class EngineThread:
                 entry = self._queues.get(output.request_id)
                 if output.finished:
                     self._queues.pop(output.request_id, None)
-            if entry is not None:
+                output = interval.due(output)
+            if entry is not None and output is not None:
                 self._outbox.put(entry, _failure(output) if output.error is not None else output)
 
         with self._lock:

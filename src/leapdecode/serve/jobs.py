@@ -60,6 +60,8 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     prediction = None  # tokenized off the event loop, as the prompts are
     if predicted:
         prediction = tuple(await state.tokenizers.run(lambda tok: prediction_ids(tok, predicted)))
+    # vLLM's stream_interval: tokens a streamed chunk carries at least; the server's --stream-interval is the least
+    interval = max(state.streaming.interval, body.stream_interval or 1) if body.stream else 1
     echoes = [body.echoed()] if chat else [""] * len(all_ids)
     if not chat and body.echo:
         skip = body.skip_special_tokens is not False
@@ -96,6 +98,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                     tools=tools if tools is not None and tools.active else None,
                     grammar=grammar,
                     priority=body.priority or 0,
+                    stream_interval=interval,
                     params=dict(
                         max_new_tokens=max_tokens,
                         temperature=temperature,
@@ -192,6 +195,8 @@ def submit(state, jobs: list[dict]) -> tuple[asyncio.Queue, dict[int, int]]:
                 raw=True,
                 grammar=job["grammar"],
                 priority=job["priority"],
+                stream_interval=job["stream_interval"],
+                stream_max_delay=state.streaming.max_delay,
                 **job["params"],
             )
             index[rid] = i

@@ -68,6 +68,7 @@ class _Common(BaseModel):
     stop: Optional[Union[str, list[str]]] = None
     stream: Optional[StrictBool] = False
     stream_options: Optional[StreamOptions] = None
+    stream_interval: Optional[StrictInt] = Field(default=None, ge=1)  # vLLM's: tokens a streamed chunk holds at least
     n: Optional[StrictInt] = Field(default=1, ge=1, le=16)
     best_of: Optional[StrictInt] = None
     min_p: Optional[Number] = Field(default=None, ge=0.0, le=1.0)
