@@ -55,8 +55,7 @@ class Interval:
     costs the event loop nothing (no wake-up, no chunk to write, none for the client to read): on a few cores that
     Python runs beside the forward or delays the next one. Its first output with tokens and its last go out at once
     (the first token's latency and the end are as without it), and with `max_delay` (seconds; 0: none) so does one
-    that comes that long after the request's previous chunk: a reader never waits longer than that, or one step,
-    for text that is made."""
+    that comes that long after the request's previous chunk: made text waits at most that long plus one step."""
 
     def __init__(self, tokens: int, max_delay: float = 0.0):
         self.tokens, self.max_delay = tokens, max_delay
