@@ -10,7 +10,7 @@ import time
 
 from leapdecode.engine.request import RequestOutput
 from leapdecode.serve import engine_thread
-from leapdecode.serve.engine_thread import Interval
+from leapdecode.serve.engine_thread import Interval, Streaming
 from leapdecode.serve.outbox import Outbox
 
 
@@ -111,7 +111,7 @@ def test_an_interval_joins_outputs_until_enough_tokens_or_too_late(monkeypatch):
         clock[0] += seconds
         return pace.due(out(ids, finished))
 
-    pace = Interval(3, max_delay=0.05)
+    pace = Interval(Streaming(3, max_delay=0.05))
     assert step(0, [1], pace).new_token_ids == [1]  # the first token at once
     assert step(0.01, [2], pace) is None
     joined = step(0.01, [3, 4], pace)  # three tokens held: out
@@ -121,6 +121,7 @@ def test_an_interval_joins_outputs_until_enough_tokens_or_too_late(monkeypatch):
     assert step(0.001, [7], pace) is None
     last = step(0.001, [], pace, finished=True)  # the end at once, with what was held
     assert last.new_token_ids == [7] and last.finished and last.finish_reason == "stop"
-    strict = Interval(3)  # vLLM's rule: no time bound
+    strict = Interval(Streaming(3, max_delay=0.0))  # vLLM's rule: no time bound
     assert step(0, [1], strict) is not None and step(10.0, [2], strict) is None and step(10.0, [3, 4], strict)
-    assert step(0, [1], Interval(1)).new_token_ids == [1] and step(0, [2], Interval(1)).new_token_ids == [2]
+    every = Interval(Streaming(1))
+    assert step(0, [1], every).new_token_ids == [1] and step(0, [2], every).new_token_ids == [2]

@@ -51,27 +51,28 @@ class Streaming:
 
 
 class Interval:
-    """vLLM's stream_interval: a request's outputs are joined until they carry `tokens` tokens, so that a held step
+    """One request's outputs paced by a Streaming: joined until they carry `interval` tokens, so that a held step
     costs the event loop nothing (no wake-up, no chunk to write, none for the client to read): on a few cores that
     Python runs beside the forward or delays the next one. Its first output with tokens and its last go out at once
-    (the first token's latency and the end are as without it), and with `max_delay` (seconds; 0: none) so does one
-    that comes that long after the request's previous chunk: made text waits at most that long plus one step."""
+    (the first token's latency and the end are as without it), and with a `max_delay` so does one that comes that
+    long after the request's previous chunk: made text waits at most that long plus one step."""
 
-    def __init__(self, tokens: int, max_delay: float = 0.0):
-        self.tokens, self.max_delay = tokens, max_delay
+    def __init__(self, pacing: Streaming):
+        self.pacing = pacing
         self.held = None  # the output held
         self.sent: float | None = None  # when its last output with tokens went out
 
     def due(self, output):
         """The output to hand over now (`output` joined to what was held), or None while it is held."""
-        if self.tokens <= 1:
+        tokens, max_delay = self.pacing.interval, self.pacing.max_delay
+        if tokens <= 1:
             return output
         if self.held is not None:
             output = self.held.then(output)
         now = time.perf_counter()
         first = self.sent is None
-        late = not first and self.max_delay > 0 and now - self.sent >= self.max_delay
-        if output.finished or first or late or len(output.new_token_ids) >= self.tokens:
+        late = not first and max_delay > 0 and now - self.sent >= max_delay
+        if output.finished or first or late or len(output.new_token_ids) >= tokens:
             self.held = None
             if output.new_token_ids:
                 self.sent = now
@@ -152,16 +153,15 @@ class EngineThread:
         self,
         prompt,
         queue: asyncio.Queue | None = None,
-        stream_interval: int = 1,
-        stream_max_delay: float = 0.0,
+        pacing: Streaming | None = None,
         **params,
     ) -> tuple[int, asyncio.Queue]:
         """Queue a request from the event loop; return its id and the queue its outputs arrive on (`queue`, to
-        share one between the requests of one HTTP call). With `stream_interval` N > 1 its outputs are joined until
-        they carry N tokens, or for at most `stream_max_delay` seconds (see Interval). Bad input raises LeapDecodeError here, before anything is queued."""
+        share one between the requests of one HTTP call). `pacing`: how its outputs are joined into chunks (see
+        Interval; None: one per step). Bad input raises LeapDecodeError here, before anything is queued."""
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue() if queue is None else queue
-        interval = Interval(stream_interval, stream_max_delay)
+        interval = Interval(pacing or Streaming(1, 0.0))
 
         def on_output(output):
             # called in the engine thread (or in cancel()'s caller): hand over to the request's loop

@@ -8,6 +8,7 @@ import asyncio
 from ..errors import LeapDecodeError
 from ..params import prediction_ids
 from ..structured import Grammar, StructuredOutput, grammar_for
+from .engine_thread import Streaming
 from .protocol import APIError
 from .tokenizing import decode, encode_all, fim_all
 from .tools import ToolChoice, knows_tools, template_history
@@ -61,7 +62,8 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
     if predicted:
         prediction = tuple(await state.tokenizers.run(lambda tok: prediction_ids(tok, predicted)))
     # vLLM's stream_interval: tokens a streamed chunk carries at least; the server's --stream-interval is the least
-    interval = max(state.streaming.interval, body.stream_interval or 1) if body.stream else 1
+    streaming = state.streaming
+    pacing = Streaming(max(streaming.interval, body.stream_interval or 1), streaming.max_delay) if body.stream else None
     echoes = [body.echoed()] if chat else [""] * len(all_ids)
     if not chat and body.echo:
         skip = body.skip_special_tokens is not False
@@ -98,7 +100,7 @@ async def build_jobs(state, body, chat: bool) -> list[dict]:
                     tools=tools if tools is not None and tools.active else None,
                     grammar=grammar,
                     priority=body.priority or 0,
-                    stream_interval=interval,
+                    pacing=pacing,
                     params=dict(
                         max_new_tokens=max_tokens,
                         temperature=temperature,
@@ -195,8 +197,7 @@ def submit(state, jobs: list[dict]) -> tuple[asyncio.Queue, dict[int, int]]:
                 raw=True,
                 grammar=job["grammar"],
                 priority=job["priority"],
-                stream_interval=job["stream_interval"],
-                stream_max_delay=state.streaming.max_delay,
+                pacing=job["pacing"],
                 **job["params"],
             )
             index[rid] = i
