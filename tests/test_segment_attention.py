@@ -96,12 +96,25 @@ def segment_attention_sdpa(monkeypatch, calls):
     return recording
 
 
-def test_a_row_gets_the_same_bits_alone_as_beside_other_rows(native):
+@pytest.fixture(params=[1, 2])
+def threads(request):
+    """The kernel's threads: with one, a row alone is shared out like the rows beside others (a task per key/value
+    head, its rows and heads in groups of pairs); with two, a lone row goes a query head a task (one pair), so the
+    one-pair and the grouped routes meet."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("d", [64, 128, 32, 48])
+def test_a_row_gets_the_same_bits_alone_as_beside_other_rows(native, d, threads):
     """A drafted row verified in a call of several rows, beside other sequences, gets exactly the bits of the one-row
     step that would have computed it: the kernel's sums for a row run over its own keys only, in a fixed order. With
-    this many sequences the call shares its work out by key/value head (a task per group of query heads), the one-row
-    calls by query head."""
-    past, n, d = 77, 6, 64
+    this many sequences the call shares its work out by key/value head (a task per group of query heads, whose rows
+    and heads go through the keys in groups of pairs), the one-row calls by query head. Head sizes: the two the kernel
+    unrolls (groups of several pairs) and two it does not."""
+    past, n = 77, 6
     q, k, v, pasts, segments = batch([(30, 1), (past, n), (5, 3)] + [(9 + i, 1) for i in range(6)], d, seed=1)
     together = FlatBatch(segments).attend(0, q, k, v, 0.125)
     pk, pv = pasts[1]
@@ -114,10 +127,11 @@ def test_a_row_gets_the_same_bits_alone_as_beside_other_rows(native):
         assert torch.equal(alone[0, :, 0], together[0, :, first + i])
 
 
-def test_a_lone_sequences_rows_get_the_same_bits_however_they_are_cut(native):
+@pytest.mark.parametrize("d", [64, 128, 32])
+def test_a_lone_sequences_rows_get_the_same_bits_however_they_are_cut(native, d, threads):
     """A lone sequence's rows (a prompt chunk, a verification) are shared out in runs of rows: each row gets the bits
     of the one-row step that would compute it, for a run count that does not divide the rows."""
-    past, n, d = 40, 11, 64
+    past, n = 40, 11
     q, k, v, pasts, segments = batch([(past, n)], d, seed=2)
     together = FlatBatch(segments).attend(0, q, k, v, 0.125)
     pk, pv = pasts[0]
