@@ -3,7 +3,8 @@
 Why: the engine's step attends each sequence's rows over its own KV buffers. In torch that is one SDPA call (and two
 KV writes) per sequence per layer, and with many short sequences those calls' overheads, not their arithmetic, are
 most of the attention time. The C kernel writes the new keys/values of all sequences into their buffers and attends
-all their rows in one call, parallel over (sequence, query head) on torch's own OpenMP threads.
+all their rows in one call, parallel over (sequence, key/value head) on torch's own OpenMP threads; a task's (row,
+query head) pairs walk the keys together, a block at a time, so each key and value is read once per task.
 
 A row is computed from its own keys alone, in the same order whatever else shares the call, so a drafted row that is
 verified gets the bits it would get in a one-row step. The kernel takes the fp32 rows of segments of up to MAX_ROWS new
