@@ -83,7 +83,7 @@ static inline float sum_lanes(const vn *d) {
    so a pair's bits depend only on how many keys it sees, never on the pairs beside it. */
 #define GROUP_FLOATS 256 /* a group's queries (and as many running sums): half of AVX-512's registers; twice AVX2's,
                             whose spills to the L1 cache cost less than grouping the pairs saves */
-#define GROUP 4           /* the most pairs in a group: GROUP_FLOATS / 64 */
+#define GROUP (GROUP_FLOATS / 64) /* the most pairs in a group (at head size 64) */
 #define SUPER 12          /* the most pairs that share a pass over the keys */
 #define BLOCK 64          /* keys a block (16 kB of keys of 64 floats) */
 
