@@ -167,8 +167,8 @@ def test_the_paired_scenario_interleaves_engine_methods_slice_by_slice(tiny_dir,
     monkeypatch.setattr(
         batch_scenarios,
         "closed_loop",
-        lambda engine, prompts, c, n: (
-            calls.append((engine.drafter_name, c, len(prompts))) or real(engine, prompts, c, n)
+        lambda engine, prompts, c, n, **kw: (
+            calls.append((engine.drafter_name, c, len(prompts))) or real(engine, prompts, c, n, **kw)
         ),
     )
     out = tmp_path / "paired"
@@ -188,6 +188,40 @@ def test_the_paired_scenario_interleaves_engine_methods_slice_by_slice(tiny_dir,
     assert [d for d, _, _ in calls] == turns + turns[:6]
     assert [n for _, _, n in calls] == [2] * 6 + [1] * 3 + [4] * 3 + [1] * 3
     assert main(args[:-4] + ["--methods", "engine-prompt-lookup,engine", "--out", str(out)]) == 2  # engine first
+
+
+def test_the_paired_scenario_samples_each_request_with_its_own_seed(tiny_dir, tmp_path, monkeypatch):
+    """With --temperature every request samples (top_p too), seeded by its index: a seeded request draws the same
+    tokens whatever was drafted, so every arm's outputs are checked against `engine`'s. An arm that drew with other
+    seeds reads as different."""
+    from leapdecode.lab.bench import batch_scenarios
+
+    calls, real = [], batch_scenarios.closed_loop
+
+    def recording(engine, prompts, c, n, seeds=None, **kw):
+        calls.append((engine.drafter_name, seeds, kw))
+        if shifted and engine.drafter_name == "prompt-lookup":
+            seeds = [s + 1000 for s in seeds]
+        return real(engine, prompts, c, n, seeds=seeds, **kw)
+
+    monkeypatch.setattr(batch_scenarios, "closed_loop", recording)
+    args = ["bench-batch", "--model", str(tiny_dir), "--suite", "quick", "--scenario", "paired", "--requests", "5"]
+    args += ["--methods", "engine,engine-prompt-lookup", "--concurrency", "2", "--max-new-tokens", "12"]
+    args += ["--temperature", "1.5", "--top-p", "0.95"]
+    column = "identical to engine, same seeds"
+    for shifted in (False, True):
+        out = tmp_path / f"sampled-{shifted}"
+        assert main(args + ["--out", str(out)]) == 0
+        results = json.loads((out / "results.json").read_text())
+        table = results["table"]
+        identical = {label: int(row[column].split()[0]) for label, row in table.items()}
+        if not shifted:
+            assert set(identical.values()) == {5}, table
+            assert "sampled at temperature 1.5, top_p 0.95" in results["meta"]["settings"]
+        else:
+            assert identical["engine-prompt-lookup @ 2"] < 5 and identical["engine (A/A control) @ 2"] == 5
+    assert all(kw == {"temperature": 1.5, "top_p": 0.95} for _, _, kw in calls)
+    assert sorted(s for _, seeds, _ in calls[:3] for s in seeds) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
 
 
 def test_a_ratio_interval_is_t_over_the_logs_of_the_slices():
@@ -212,3 +246,8 @@ def test_a_ratio_interval_is_t_over_the_logs_of_the_slices():
 def test_bench_batch_bad_input_is_one_line(tiny_dir, tmp_path, capsys):
     assert main(["bench-batch", "--model", str(tiny_dir), "--methods", "engine-nope", "--out", str(tmp_path)]) == 2
     assert "unknown method" in capsys.readouterr().err
+    assert main(["bench-batch", "--model", str(tiny_dir), "--temperature", "0.7", "--out", str(tmp_path)]) == 2
+    assert "--scenario paired" in capsys.readouterr().err
+    paired = ["bench-batch", "--model", str(tiny_dir), "--scenario", "paired", "--out", str(tmp_path)]
+    assert main(paired + ["--temperature", "0.7", "--top-p", "0"]) == 2
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err

@@ -195,6 +195,41 @@ def hf_probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return scores.softmax(-1)
 
 
+def test_top_p_from_candidates_drops_what_the_full_sort_drops():
+    """top_p_drop's fast route (sorting only the tokens above a cut) gives the full sort's set on rows of a real
+    vocabulary's size: spread, peaked and tied logits (ties at the boundary go the sorted route); and it is the route
+    most rows take, so this compares it rather than the fallback."""
+    from leapdecode import sampling
+
+    gen = torch.Generator().manual_seed(1)
+    fast = [0, 0, 0, 0]  # rows the fast route decided, by kind (of 120 each)
+    for trial in range(240):
+        vocab = (1024, 8192, 49152)[trial % 3]
+        kind = trial % 4
+        if kind == 0:  # spread
+            logits = torch.randn(2, vocab, generator=gen) * (1 + trial % 7)
+        elif kind == 1:  # a few likely tokens, as a language model's
+            logits = torch.randn(2, vocab, generator=gen) * 2
+            logits[:, torch.randint(0, vocab, (16,), generator=gen)] += 6 + torch.rand(16, generator=gen) * 8
+        elif kind == 2:  # few levels: ties everywhere, at the boundary too
+            logits = (torch.randn(5, generator=gen) * 4)[torch.randint(0, 5, (2, vocab), generator=gen)]
+        else:  # one level far above the rest: top_p cuts inside the tie
+            logits = torch.randn(2, vocab, generator=gen)
+            logits[:, :40] = 20.0
+        top_p = float(torch.empty(()).uniform_(0.05, 0.999, generator=gen))
+        expected = sampling._top_p_drop_sorted(logits, top_p)
+        assert torch.equal(sampling.top_p_drop(logits, top_p), expected), (trial, top_p)
+        probs = logits.softmax(-1)
+        for row in range(2):
+            total = float(probs[row].double().sum())
+            fast[kind] += sampling._top_p_drop_fast(logits[row], probs[row], total, 1 - top_p) is not None
+    assert fast[0] + fast[1] > 160 and fast[3] < 120, fast  # untied rows mostly fast; a cut inside a tie is sorted
+    cfg = SamplingConfig(temperature=0.8, top_p=0.9)
+    logits = torch.randn(8, 49152, generator=gen) * 4
+    torch.testing.assert_close(probabilities(logits, cfg), hf_probabilities(logits, cfg), rtol=1e-6, atol=1e-7)
+    assert torch.equal(probabilities(logits, cfg) > 0, hf_probabilities(logits, cfg) > 0)
+
+
 def tied_logits(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
     """Logits drawn from a few levels, so that many tokens tie (also at the top-k and top-p boundaries)."""
     levels = torch.tensor([0.0, -0.6931471805599453, -1.3862943611198906, -2.5, -4.0])  # log 1, log 1/2, log 1/4

@@ -234,7 +234,8 @@ def test_model_free_drafts_keep_every_position_exact(name):
 def test_wrong_rules_are_rejected_with_sampled_drafts(bug, monkeypatch):
     monkeypatch.setattr(sequence_module, "speculative_accept", buggy_accept(bug))
     p_logits, q_logits = tables(seed=4)
-    records = bigram_records(p_logits, lambda: TableDrafter(q_logits), SamplingConfig(temperature=1.0), 4, runs=300)
+    # 600 runs: at 300 the subtlest bug (half of q left in the residual) sits near ALPHA, where the random stream decides
+    records = bigram_records(p_logits, lambda: TableDrafter(q_logits), SamplingConfig(temperature=1.0), 4, runs=600)
     assert conditional_chi_square(records) < ALPHA, bug
 
 

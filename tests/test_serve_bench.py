@@ -153,9 +153,46 @@ def test_json_object_asks_for_json(tmp_path):
     assert seen and all(s is not None and s.kind == "json" for s in seen)
 
 
+def test_sampling_settings_reach_the_server(url, tmp_path):
+    """--temperature and --top-p go with every request (greedy by default) and the report names them."""
+    from leapdecode.lab.bench import serve as bench_serve
+
+    seen, real = [], bench_serve.streamed_call
+
+    class Client:  # records each call's keywords, then makes it
+        def __init__(self, client):
+            self.client, self.chat = client, self
+            self.completions = self
+
+        def create(self, **kw):
+            seen.append({k: kw.get(k) for k in ("temperature", "top_p")})
+            return self.client.chat.completions.create(**kw)
+
+    bench_serve.streamed_call = lambda client, *a: real(Client(client), *a)
+    try:
+        argv = ["bench-serve", "--url", url, "--concurrency", "2", "--num-prompts", "3", "--max-tokens", "6"]
+        assert (
+            main(argv + ["--suite", "quick", "--temperature", "0.8", "--top-p", "0.9", "--out", str(tmp_path / "s")])
+            == 0
+        )
+        calls = len(seen)  # the level's requests and the warm-up before them
+        assert main(argv + ["--suite", "quick", "--out", str(tmp_path / "g")]) == 0
+    finally:
+        bench_serve.streamed_call = real
+    assert calls >= 3 and seen[:calls] == [{"temperature": 0.8, "top_p": 0.9}] * calls
+    assert seen[calls:] == [{"temperature": 0.0, "top_p": None}] * calls
+    sampled = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert sampled["settings"]["sampling"] == "Sampled, unseeded: temperature 0.8, top_p 0.9"
+    assert sampled["results"][0]["rows"][0]["completed"] == 3
+    assert "Sampled, unseeded: temperature 0.8, top_p 0.9, streamed" in (tmp_path / "s" / "report.md").read_text()
+    assert json.loads((tmp_path / "g" / "results.json").read_text())["settings"]["sampling"] == "Greedy (temperature 0)"
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
+        (["--temperature", "-1"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
         (["--concurrency", "0"], "--concurrency"),
         (["--concurrency", "a,b"], "--concurrency"),
         (["--poisson"], "--poisson goes with --rate"),

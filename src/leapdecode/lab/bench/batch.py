@@ -105,10 +105,12 @@ def make_engine(
     return engine
 
 
-def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on_done=None, **options) -> dict:
+def closed_loop(
+    engine, prompts: list, concurrency: int, max_new_tokens: int, on_done=None, seeds=None, **options
+) -> dict:
     """Decode `prompts` (token ids, strings or chat messages) on `engine` with at most `concurrency` in flight, a new
     request sent whenever one finishes; the record of tokens, timings, failed requests and the engine's counters over
-    the run. `options`: more request settings for every request (RequestParams fields)."""
+    the run. `options`: more request settings for every request (RequestParams fields); `seeds`: each prompt's."""
     start_counters = dict(engine.counters)
     n = len(prompts)
     sent, first, end = [0.0] * n, [None] * n, [0.0] * n
@@ -133,8 +135,9 @@ def closed_loop(engine, prompts: list, concurrency: int, max_new_tokens: int, on
         while pending and in_flight[0] < concurrency:
             i = pending.popleft()
             sent[i] = time.perf_counter()
+            seed = {} if seeds is None else {"seed": seeds[i]}
             engine.add_request(
-                prompts[i], max_new_tokens=max_new_tokens, on_output=lambda o, i=i: on_output(i, o), **options
+                prompts[i], max_new_tokens=max_new_tokens, on_output=lambda o, i=i: on_output(i, o), **seed, **options
             )
             in_flight[0] += 1
         engine.step()

@@ -128,12 +128,17 @@ def paired(
     max_new_tokens: int,
     max_batch_tokens: int,
     warmup: list[list[int]],
-    reference: list[list[int]],
+    reference: list[list[int]] | None,
     max_decode_slowdown: float = math.inf,
+    sampling: dict | None = None,
 ) -> dict:
     """Per method and concurrency (and the A/A control, a second `engine`): output tok/s over all slices, its ratio
     to `engine` over all slices, the median of the per-slice ratios and their ~95 % interval, and how many outputs
-    equal `reference` (each prompt decoded alone)."""
+    equal `reference` (each prompt decoded alone). With `sampling` (temperature, top_p) every request samples with
+    its prompt's index as its seed, and outputs are compared with `engine`'s instead: a seeded request draws the same
+    tokens whatever was drafted and whatever ran beside it."""
+    sampling = sampling or {}
+    seeds = list(range(len(prompts))) if sampling else None
     table = {}
     arms = [*methods, CONTROL]
     for c in concurrency:
@@ -148,20 +153,23 @@ def paired(
             for m in arms
         }
         for engine in engines.values():  # a server's steady state: step costs and acceptance already learned
-            engine.generate_many(list(warmup)[:c], max_new_tokens=max_new_tokens)
+            engine.generate_many(list(warmup)[:c], max_new_tokens=max_new_tokens, **sampling)
         slices = [range(i, min(i + 2 * c, len(prompts))) for i in range(0, len(prompts), 2 * c)]
         runs: dict[str, list[tuple[int, float]]] = {m: [] for m in arms}
         tokens: dict[str, list] = {m: [None] * len(prompts) for m in arms}
         for j, part in enumerate(slices):
             for m in rotated(arms, j):
-                record = closed_loop(engines[m], [prompts[i] for i in part], c, max_new_tokens)
+                part_seeds = None if seeds is None else [seeds[i] for i in part]
+                record = closed_loop(
+                    engines[m], [prompts[i] for i in part], c, max_new_tokens, seeds=part_seeds, **sampling
+                )
                 runs[m].append((record["output_tokens"], record["wall"]))
                 for i, out in zip(part, record["tokens"]):
                     tokens[m][i] = out
         rate = {m: sum(n for n, _ in runs[m]) / sum(w for _, w in runs[m]) for m in arms}
         for m in arms:
             checked = {"tokens": tokens[m]}
-            check_against(target, prompts, reference, checked)
+            check_against(target, prompts, tokens["engine"] if sampling else reference, checked)
             per_slice = [(n / w) / (ne / we) for (n, w), (ne, we) in zip(runs[m], runs["engine"])]
             interval = None if m == "engine" else ratio_interval(per_slice)
             table[f"{m} @ {c}"] = {
@@ -170,6 +178,8 @@ def paired(
                 "x engine, median slice": statistics.median(per_slice),
                 "x engine, ~95 % interval": None if interval is None else [round(v, 3) for v in interval],
                 "slices": len(slices),
-                "identical to solo greedy": f"{checked['identical']} of {len(prompts)}",
+                ("identical to engine, same seeds" if sampling else "identical to solo greedy"): (
+                    f"{checked['identical']} of {len(prompts)}"
+                ),
             }
     return table

@@ -27,7 +27,16 @@ import time
 
 from ...errors import require
 from . import serve_inprocess, serve_peers, serve_rounds
-from .serve_common import _levels, _pct, level_prompts, load_prompts, scrape_step_counters, step_columns, streamed_call
+from .serve_common import (
+    _levels,
+    _pct,
+    level_prompts,
+    load_prompts,
+    sampling_words,
+    scrape_step_counters,
+    step_columns,
+    streamed_call,
+)
 
 
 def register(sub) -> None:
@@ -51,6 +60,13 @@ def register(sub) -> None:
         action="store_true",
         help='every answer a JSON object (response_format {"type": "json_object"}), as structured-output clients ask',
     )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="every request's temperature (default 0: greedy; chat clients often sample at 0.7-1, unseeded)",
+    )
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (nucleus sampling; default 1: off)")
     p.add_argument("--api-key", default="none")
     p.add_argument(
         "--request-timeout",
@@ -254,7 +270,7 @@ def markdown(results: list[dict], settings: dict) -> str:
         "",
         "Output tok/s and req/s: over each level's wall time. TTFT: request sent to first chunk with "
         "text. ITL: gaps between chunks with text (a speculating server may send several tokens per chunk). "
-        "E2E: request sent to last chunk. Greedy (temperature 0), streamed. Client CPU: the cores the load "
+        f"E2E: request sent to last chunk. {settings.get('sampling', 'Greedy')}, streamed. Client CPU: the cores the load "
         "generator itself (this process, the `openai` client) kept busy over the level, on the same machine as the "
         "server.",
         "",
@@ -324,6 +340,7 @@ def _settings(args) -> dict:
         "suite": args.suite,
         "max_tokens": args.max_tokens,
         "endpoint": args.endpoint,
+        "sampling": sampling_words(args),
         "response_format": "json_object" if getattr(args, "json_object", False) else "text",
         "rounds": getattr(args, "rounds", 1),
         "prompts": "as in the suite (repeats may hit prefix caches)"
@@ -343,6 +360,8 @@ def run_bench_serve(args) -> int:
     require(args.rate is None or args.rate > 0, f"--rate must be positive, got {args.rate}")
     require(not args.poisson or args.rate, "--poisson goes with --rate")
     require(args.rounds >= 1, f"--rounds must be >= 1, got {args.rounds}")
+    require(args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}")
+    require(0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}")
     require(args.rounds == 1 or args.compare or args.compare_transformers, "--rounds goes with --compare")
     _levels(args.concurrency)
     load_prompts(args.suite)  # a bad suite fails before any traffic

@@ -43,6 +43,22 @@ def _pct(values: list[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+def sampling_options(args) -> dict:
+    """The sampling settings every request of a bench-serve run carries (temperature 0: greedy)."""
+    options = {"temperature": getattr(args, "temperature", 0.0)}
+    if getattr(args, "top_p", 1.0) < 1:
+        options["top_p"] = args.top_p
+    return options
+
+
+def sampling_words(args) -> str:
+    """The run's sampling settings for its report."""
+    options = sampling_options(args)
+    if not options["temperature"]:
+        return "Greedy (temperature 0)"
+    return "Sampled, unseeded: " + ", ".join(f"{k} {v}" for k, v in options.items())
+
+
 def streamed_call(client, model: str, prompt: str, args):
     """The streaming call of `args.endpoint` for one prompt (a coroutine), and a function from one streamed event to
     (its text, the answer's output tokens where the event reports them, else None)."""
@@ -50,7 +66,7 @@ def streamed_call(client, model: str, prompt: str, args):
     if args.endpoint == "responses":
         shape = {"text": {"format": {"type": "json_object"}}} if json_object else {}
         call = client.responses.create(
-            model=model, input=prompt, max_output_tokens=args.max_tokens, temperature=0.0, stream=True, **shape
+            model=model, input=prompt, max_output_tokens=args.max_tokens, stream=True, **sampling_options(args), **shape
         )
 
         def read(event):
@@ -61,7 +77,11 @@ def streamed_call(client, model: str, prompt: str, args):
 
         return call, read
     common = dict(
-        model=model, max_tokens=args.max_tokens, temperature=0.0, stream=True, stream_options={"include_usage": True}
+        model=model,
+        max_tokens=args.max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        **sampling_options(args),
     )
     if json_object:
         common["extra_body"] = {"response_format": {"type": "json_object"}}

@@ -27,7 +27,7 @@ class Worker:
     start), `measure(level, round)` (→ one row in bench-serve's columns), `stop`."""
 
     def __init__(self, model_dir: str, args):
-        from .serve_common import _levels, load_prompts
+        from .serve_common import _levels, load_prompts, sampling_options
         from .serve_peers import _thread_env
 
         prompts = load_prompts(args.suite)
@@ -40,6 +40,7 @@ class Worker:
             "threads": args.threads,
             "distinct": not getattr(args, "repeat_prompts", False),
             "json_object": getattr(args, "json_object", False),
+            "sampling": sampling_options(args),
         }
         self.levels = _levels(args.concurrency)
         self.rounds = getattr(args, "rounds", 1)
@@ -145,7 +146,9 @@ def serve_requests(requests, answer) -> None:
         c, round_ = ask["level"], ask["round"]
         texts = level_prompts(spec["prompts"], spec["num_prompts"], c, round_, spec.get("distinct", True))
         before = dict(engine.counters)
-        record = closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"], **shape)
+        record = closed_loop(
+            engine, [chat(t) for t in texts], c, spec["max_tokens"], **shape, **spec.get("sampling", {})
+        )
         answer({**_row(c, round_, len(texts), record), **step_columns(before, engine.counters)})
 
 
