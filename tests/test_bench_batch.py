@@ -217,7 +217,9 @@ def test_the_paired_scenario_samples_each_request_with_its_own_seed(tiny_dir, tm
         identical = {label: int(row[column].split()[0]) for label, row in table.items()}
         if not shifted:
             assert set(identical.values()) == {5}, table
-            assert "sampled at temperature 1.5, top_p 0.95" in results["meta"]["settings"]
+            assert (
+                "Sampled (each request seeded by its index): temperature 1.5, top_p 0.95" in results["meta"]["settings"]
+            )
         else:
             assert identical["engine-prompt-lookup @ 2"] < 5 and identical["engine (A/A control) @ 2"] == 5
     assert all(kw == {"temperature": 1.5, "top_p": 0.95} for _, _, kw in calls)
@@ -251,3 +253,5 @@ def test_bench_batch_bad_input_is_one_line(tiny_dir, tmp_path, capsys):
     paired = ["bench-batch", "--model", str(tiny_dir), "--scenario", "paired", "--out", str(tmp_path)]
     assert main(paired + ["--temperature", "0.7", "--top-p", "0"]) == 2
     assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+    assert main(paired + ["--top-p", "0.9"]) == 2
+    assert "--top-p goes with --temperature" in capsys.readouterr().err

@@ -182,9 +182,9 @@ def test_sampling_settings_reach_the_server(url, tmp_path):
     assert calls >= 3 and seen[:calls] == [{"temperature": 0.8, "top_p": 0.9}] * calls
     assert seen[calls:] == [{"temperature": 0.0, "top_p": None}] * calls
     sampled = json.loads((tmp_path / "s" / "results.json").read_text())
-    assert sampled["settings"]["sampling"] == "Sampled, unseeded: temperature 0.8, top_p 0.9"
+    assert sampled["settings"]["sampling"] == "Sampled (unseeded): temperature 0.8, top_p 0.9"
     assert sampled["results"][0]["rows"][0]["completed"] == 3
-    assert "Sampled, unseeded: temperature 0.8, top_p 0.9, streamed" in (tmp_path / "s" / "report.md").read_text()
+    assert "Sampled (unseeded): temperature 0.8, top_p 0.9, streamed" in (tmp_path / "s" / "report.md").read_text()
     assert json.loads((tmp_path / "g" / "results.json").read_text())["settings"]["sampling"] == "Greedy (temperature 0)"
 
 

@@ -26,6 +26,7 @@ from .methods import truncate_at_eos
 from .peer_export import ensure_ir
 from .peer_worker import peak_rss_mb
 from .peers import BATCH_PEER_METHODS, check_available, describe_cb, run_cb
+from .sampling_args import add_sampling_arguments, check_sampling_arguments, sampling_options, sampling_words
 
 
 def cmd_bench_batch(args: argparse.Namespace) -> int:
@@ -51,13 +52,11 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
         check_available()  # one line naming the extra to install, before any model is loaded
     concurrency = _ints(args.concurrency, "--concurrency")
     require(args.repeats > 0, f"--repeats must be positive, got {args.repeats}")
-    require(args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}")
-    require(0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}")
+    check_sampling_arguments(args)
     require(
-        args.scenario == "paired" or (args.temperature == 0 and args.top_p == 1),
-        "--temperature and --top-p go with --scenario paired (the other scenarios compare with HF greedy)",
+        args.scenario == "paired" or args.temperature == 0,
+        "--temperature goes with --scenario paired (the other scenarios compare with HF greedy)",
     )
-    require(args.temperature > 0 or args.top_p == 1, "--top-p goes with --temperature > 0")
     if args.threads is not None:
         require(args.threads > 0, f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
@@ -143,7 +142,7 @@ def _scenario(args, target, questions, prompts, warmup, console) -> int:
             f"--scenario paired compares engine methods with `engine` first, got {', '.join(methods)}",
         )
         require("engine-draft-model" not in methods, "--scenario paired does not run engine-draft-model")
-        sampling = {"temperature": args.temperature, "top_p": args.top_p} if args.temperature else None
+        sampling = sampling_options(args) if args.temperature else None
         reference = run_hf_generate(target, prompts, args.max_new_tokens)["tokens"]  # also warms every kernel up
         concurrency = _ints(args.concurrency, "--concurrency")
         table = paired(
@@ -158,11 +157,7 @@ def _scenario(args, target, questions, prompts, warmup, console) -> int:
             args.max_decode_slowdown,
             sampling,
         )
-        how = (
-            f"sampled at temperature {args.temperature}, top_p {args.top_p}, each request seeded by its index"
-            if sampling
-            else "greedy"
-        )
+        how = sampling_words(args, "each request seeded by its index") if sampling else "greedy"
         settings = (
             f"{len(prompts)} requests (first turns of suite '{args.suite}'), max_new_tokens {args.max_new_tokens}, "
             f"max batch tokens {args.max_batch_tokens}, max decode slowdown {args.max_decode_slowdown}, {how}; "
@@ -297,13 +292,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--streams", type=int, default=8, help="prefill-stall: decoding streams")
     p.add_argument("--long-prompt-tokens", type=int, default=4000, help="prefill-stall: tokens of the long prompt")
     p.add_argument("--prefix-tokens", type=int, default=1000, help="prefix-reuse: tokens of the shared prefix")
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="--scenario paired: every request samples at this temperature (default 0: greedy), seeded by its index",
-    )
-    p.add_argument("--top-p", type=float, default=1.0, help="--scenario paired, with --temperature: nucleus top_p")
+    add_sampling_arguments(p, "--scenario paired, each request seeded by its index")
     p.add_argument("--fail-on-mismatch", action="store_true", help="exit 3 if an output differs from solo greedy")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_bench_batch)

@@ -27,12 +27,12 @@ import time
 
 from ...errors import require
 from . import serve_inprocess, serve_peers, serve_rounds
+from .sampling_args import add_sampling_arguments, check_sampling_arguments, sampling_words
 from .serve_common import (
     _levels,
     _pct,
     level_prompts,
     load_prompts,
-    sampling_words,
     scrape_step_counters,
     step_columns,
     streamed_call,
@@ -60,13 +60,7 @@ def register(sub) -> None:
         action="store_true",
         help='every answer a JSON object (response_format {"type": "json_object"}), as structured-output clients ask',
     )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="every request's temperature (default 0: greedy; chat clients often sample at 0.7-1, unseeded)",
-    )
-    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (nucleus sampling; default 1: off)")
+    add_sampling_arguments(p, "unseeded, as clients send them")
     p.add_argument("--api-key", default="none")
     p.add_argument(
         "--request-timeout",
@@ -360,8 +354,7 @@ def run_bench_serve(args) -> int:
     require(args.rate is None or args.rate > 0, f"--rate must be positive, got {args.rate}")
     require(not args.poisson or args.rate, "--poisson goes with --rate")
     require(args.rounds >= 1, f"--rounds must be >= 1, got {args.rounds}")
-    require(args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}")
-    require(0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}")
+    check_sampling_arguments(args)
     require(args.rounds == 1 or args.compare or args.compare_transformers, "--rounds goes with --compare")
     _levels(args.concurrency)
     load_prompts(args.suite)  # a bad suite fails before any traffic

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...errors import LeapDecodeError, require
+from .sampling_args import sampling_options
 
 
 def _levels(text: str) -> list[int]:
@@ -41,22 +42,6 @@ def _pct(values: list[float], q: float) -> float | None:
     low = int(pos)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def sampling_options(args) -> dict:
-    """The sampling settings every request of a bench-serve run carries (temperature 0: greedy)."""
-    options = {"temperature": getattr(args, "temperature", 0.0)}
-    if getattr(args, "top_p", 1.0) < 1:
-        options["top_p"] = args.top_p
-    return options
-
-
-def sampling_words(args) -> str:
-    """The run's sampling settings for its report."""
-    options = sampling_options(args)
-    if not options["temperature"]:
-        return "Greedy (temperature 0)"
-    return "Sampled, unseeded: " + ", ".join(f"{k} {v}" for k, v in options.items())
 
 
 def streamed_call(client, model: str, prompt: str, args):

@@ -27,7 +27,8 @@ class Worker:
     start), `measure(level, round)` (→ one row in bench-serve's columns), `stop`."""
 
     def __init__(self, model_dir: str, args):
-        from .serve_common import _levels, load_prompts, sampling_options
+        from .sampling_args import sampling_options
+        from .serve_common import _levels, load_prompts
         from .serve_peers import _thread_env
 
         prompts = load_prompts(args.suite)
