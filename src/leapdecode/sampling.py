@@ -72,11 +72,13 @@ def top_p_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """The tokens HF's TopPLogitsWarper drops from rows of `logits` [n, V] (already divided by the temperature): in
     ascending order, every token while the cumulative probability is <= 1 - top_p; the most likely one always stays.
 
-    Sorting a 49k-token row takes milliseconds, and the nucleus is usually a few hundred tokens: so each row first
-    tries `_top_p_drop_fast`, which sorts only the tokens above a cut that holds less than 1 - top_p of the mass
-    (all dropped whatever their order). It gives the set of the full sort or declines (a boundary inside a group of
-    tied logits, whose members the full sort orders arbitrarily, or one within rounding of 1 - top_p); the row then
-    goes through the full sort, as HF does it."""
+    A CPU sorts a whole vocabulary slowly, and the nucleus is usually a few hundred tokens: so each row first tries
+    `_top_p_drop_fast`, which sorts only the tokens above a cut that holds less than 1 - top_p of the mass (all
+    dropped whatever their order). It gives the set of the full sort or declines (a boundary inside a group of tied
+    logits, whose members the full sort orders arbitrarily, or one within rounding of 1 - top_p); the row then goes
+    through the full sort, as HF does it. Rows on an accelerator take the full sort, which is fast there."""
+    if logits.device.type != "cpu":
+        return _top_p_drop_sorted(logits, top_p)
     probs = logits.softmax(-1)
     totals = probs.sum(-1, dtype=torch.float64).tolist()
     rows = []

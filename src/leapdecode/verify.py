@@ -75,9 +75,9 @@ def speculative_accept(
 
 def _sample(weights: torch.Tensor, generator: torch.Generator) -> int:
     """One draw from the (unnormalised) weights by the inverse of their cumulative sum: the first token whose running
-    total (float64) exceeds u times the whole, u ~ U[0, 1) from `generator`. One uniform a draw: drawing noise for the
-    whole vocabulary (the Gumbel-max trick) took a millisecond or more a token on a 49k-token vocabulary. A token of
-    weight 0 adds nothing to the running total, so it is never drawn."""
+    total (float64) exceeds u times the whole, u ~ U[0, 1) from `generator`. One uniform a draw, where the Gumbel-max
+    trick draws noise and takes logarithms for the whole vocabulary, a visible share of a small model's step. A token
+    of weight 0 adds nothing to the running total, so it is never drawn."""
     cumulative = weights.detach().double().cumsum(0)
     u = torch.rand((), generator=generator, dtype=torch.float64)
     index = int(torch.searchsorted(cumulative, u * cumulative[-1], right=True))
