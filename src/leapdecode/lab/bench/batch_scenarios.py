@@ -138,7 +138,6 @@ def paired(
     its prompt's index as its seed, and outputs are compared with `engine`'s instead: a seeded request draws the same
     tokens whatever was drafted and whatever ran beside it."""
     sampling = sampling or {}
-    seeds = list(range(len(prompts))) if sampling else None
     table = {}
     arms = [*methods, CONTROL]
     for c in concurrency:
@@ -159,10 +158,8 @@ def paired(
         tokens: dict[str, list] = {m: [None] * len(prompts) for m in arms}
         for j, part in enumerate(slices):
             for m in rotated(arms, j):
-                part_seeds = None if seeds is None else [seeds[i] for i in part]
-                record = closed_loop(
-                    engines[m], [prompts[i] for i in part], c, max_new_tokens, seeds=part_seeds, **sampling
-                )
+                seeds = list(part) if sampling else None  # a prompt's index
+                record = closed_loop(engines[m], [prompts[i] for i in part], c, max_new_tokens, seeds=seeds, **sampling)
                 runs[m].append((record["output_tokens"], record["wall"]))
                 for i, out in zip(part, record["tokens"]):
                     tokens[m][i] = out
