@@ -129,7 +129,7 @@ def test_at_most_max_sequences_run_and_every_prompt_token_is_counted_once(target
 def test_seeded_sampling_is_reproducible_through_preemption(target):
     tight = Engine(target, kv_cache_bytes=250 * kv_bytes_per_token(target.model), prefix_cache_tokens=0)
     roomy = Engine(target)
-    sampled = dict(temperature=1.2, top_k=30, seed=11)
+    sampled = dict(temperature=1.2, top_k=30, seed=11, ignore_eos=True)  # 100 tokens each, whatever is drawn: preempted
     squeezed = collect(tight, PROMPTS, max_new_tokens=100, **sampled)
     assert tight.metrics()["num_preemptions"] > 0
     assert [t for t, _ in squeezed] == [t for t, _ in collect(roomy, PROMPTS, max_new_tokens=100, **sampled)]
