@@ -1,5 +1,5 @@
 """The sampling settings a benchmark's requests carry (`--temperature`, `--top-p`): the options, their check, and
-the words a report gives them. Greedy by default, as every benchmark was before sampled loads were measured."""
+the words a report gives them. Greedy by default: greedy outputs can be checked token for token."""
 
 from __future__ import annotations
 

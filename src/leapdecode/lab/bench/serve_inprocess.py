@@ -147,9 +147,7 @@ def serve_requests(requests, answer) -> None:
         c, round_ = ask["level"], ask["round"]
         texts = level_prompts(spec["prompts"], spec["num_prompts"], c, round_, spec.get("distinct", True))
         before = dict(engine.counters)
-        record = closed_loop(
-            engine, [chat(t) for t in texts], c, spec["max_tokens"], **shape, **spec.get("sampling", {})
-        )
+        record = closed_loop(engine, [chat(t) for t in texts], c, spec["max_tokens"], **shape, **spec["sampling"])
         answer({**_row(c, round_, len(texts), record), **step_columns(before, engine.counters)})
 
 
